@@ -1,0 +1,38 @@
+# scalelab: `make repro` sets up .venv and runs the pipeline; `make test` runs the test suite.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(CURDIR)/$(VENV)/bin
+STAMP  := $(VENV)/.installed
+export PATH := $(BIN):$(PATH)
+HOST ?= 127.0.0.1
+PORT ?= 5000
+
+.PHONY: setup repro test ui lock mlflow-server slurm-up slurm-down clean
+
+setup: $(STAMP)
+
+# Exact versions from requirements.lock; torch==2.13.0 comes from the local wheel on CPU machines.
+$(STAMP): requirements.lock pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -e .
+	touch $@
+
+repro: setup
+	$(BIN)/dvc repro
+	$(BIN)/scalelab summary
+
+test: setup
+	$(BIN)/pytest
+
+ui: setup
+	$(BIN)/mlflow ui --backend-store-uri "$${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlflow.db}" --host $(HOST) --port $(PORT)
+
+# Re-resolve requirements.in into requirements.lock (keeps torch at the 2.13.0 pin).
+lock:
+	rm -rf /tmp/scalelab-lock && $(PYTHON) -m venv /tmp/scalelab-lock
+	/tmp/scalelab-lock/bin/pip install --quiet -r requirements.in
+	/tmp/scalelab-lock/bin/pip freeze | sed -e 's/^torch==\(.*\)+cpu$$/torch==\1/' > requirements.lock
+
+clean:
+	rm -rf results data/prepared

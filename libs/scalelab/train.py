@@ -1,0 +1,171 @@
+"""One training job on every rank: resume, loop, checkpoint, track, write results/train/.
+
+`run()` is what each process executes (under torchrun, srun or alone). Global rank 0 alone writes
+shared files and talks to MLflow; the others hold a no-op tracker.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from scalelab import data, dist, engine, profiling, provenance, seeds, strategy, tracking
+from scalelab.checkpoint import Checkpointer
+from scalelab.config import flatten, to_dict
+from scalelab.io import atomic_write_bytes, atomic_write_json
+from scalelab.params import Params
+from scalelab.signals import StopFlag
+
+log = logging.getLogger(__name__)
+RUN_FILE = "run.json"      # the MLflow run id, read by evaluate
+MODEL_FILE = "model.pt"
+METRICS_FILE = "metrics.json"
+
+
+def run_name(params: Params, world_size: int) -> str:
+    t = params.train
+    return f"{t.strategy}-w{world_size}-{t.precision}-seed{t.seed}"
+
+
+def open_tracker(params: Params, env: dist.DistEnv, ckpt: Checkpointer) -> tracking.Tracker:
+    """Rank 0 opens (or resumes) the job's MLflow run; every other rank gets a no-op tracker."""
+    tracker: tracking.Tracker = tracking.NullTracker()
+    if env.is_main:
+        old_run = ckpt.claim(None)
+        if params.tracking.enabled:
+            tags = {"scalelab.kind": "train", "scalelab.strategy": params.train.strategy,
+                    "scalelab.workload": params.train.workload}
+            tracker = tracking.MlflowTracker.open(params.tracking.experiment, run_name=run_name(
+                params, env.world_size), tags=tags, run_id=old_run)
+            if old_run is None:
+                log_run_inputs(tracker, params, env)
+        ckpt.record(tracker.run_id)
+    dist.barrier()  # the checkpoint folder is settled before any rank reads it
+    return tracker
+
+
+def log_run_inputs(tracker: tracking.Tracker, params: Params, env: dist.DistEnv) -> None:
+    """Params of every stage, the seed ledger, provenance and the resolved config."""
+    stages = {k: v for k, v in to_dict(params).items() if k != "speedup"}
+    ledger = seeds.ledger(params.train.seed, env.world_size, params.train.num_workers,
+                          params.train.deterministic)
+    seed_params = {f"seed.rank.{r}": s for r, s in ledger["rank_seeds"].items()}
+    tracker.log_params({**flatten(stages), **seed_params, "seed.base": params.train.seed,
+                        "world_size": env.world_size})
+    tags, artifacts = provenance.collect(tracking.repo_root())
+    tracker.set_tags(tags)
+    tracker.log_dict(ledger, "seeds.json")
+    tracker.log_dict(to_dict(params), "config.json")
+    for name, text in artifacts.items():
+        tracker.log_text(text, name)
+
+
+def run(params: Params, data_dir: str | Path, out_dir: str | Path,
+        stop: StopFlag | None = None) -> dict[str, Any]:
+    """Trains to the end (or to a stop signal) and returns the summary (meaningful on rank 0)."""
+    env = dist.read_env()
+    device = engine.setup_process(params.train, env)
+    out = Path(out_dir)
+    manifest = data.verify(data_dir)
+    ckpt = Checkpointer(out / "checkpoints", engine.fingerprint(params.train, manifest, env.world_size),
+                        keep=params.train.keep_checkpoints)
+    tracker = open_tracker(params, env, ckpt)
+    try:
+        summary = _train(params, env, device, manifest, data_dir, out, ckpt, tracker, stop)
+    except BaseException as exc:
+        tracker.finish("KILLED" if isinstance(exc, (SystemExit, KeyboardInterrupt)) else "FAILED")
+        raise
+    tracker.finish("FINISHED" if not summary.get("preempted") else "KILLED")
+    return summary
+
+
+def _train(params: Params, env: dist.DistEnv, device: torch.device, manifest: dict[str, Any],
+           data_dir: str | Path, out: Path, ckpt: Checkpointer, tracker: tracking.Tracker,
+           stop: StopFlag | None) -> dict[str, Any]:
+    train = params.train
+    x, y = data.load_split(data_dir, "train")
+    val_x, val_y = data.load_split(data_dir, "val")
+    loop = engine.build_loop(params, manifest, device)
+    step = engine.restore(ckpt.load_latest(), loop, train, env)
+    _, steps_per_epoch = engine.make_loader(x, y, train, env, 0, 0)
+    if steps_per_epoch == 0:
+        raise ValueError(f"train.batch_size = {train.batch_size} x grad_accum_steps x world size "
+                         f"{env.world_size} is larger than the {len(y)} training samples")
+    total = train.epochs * steps_per_epoch
+    meter = engine.Meter(train.warmup_steps + step, train.batch_size * train.grad_accum_steps * env.world_size)
+    bar = tqdm(total=total, initial=step, disable=not env.is_main, file=sys.stderr,
+               mininterval=1.0 if sys.stderr.isatty() else 10.0, desc=run_name(params, env.world_size))
+    stopped = False
+    with profiling.profiler(train.profile, out / "profile", env.rank) as prof:
+        while step < total and not stopped:
+            epoch = step // steps_per_epoch
+            loader, _ = engine.make_loader(x, y, train, env, epoch,
+                                           (step - epoch * steps_per_epoch) * train.grad_accum_steps)
+            batches = iter(loader)
+            for _ in range(step - epoch * steps_per_epoch, steps_per_epoch):
+                loss = loop.step([next(batches) for _ in range(train.grad_accum_steps)])
+                step += 1
+                prof.step()
+                meter.add(step, loss)
+                bar.update(1)
+                if step % train.log_every_steps == 0 or step == total:
+                    window = meter.window(step, device)
+                    tracker.log_metrics(window, step)
+                    bar.set_postfix(loss=f"{window['train_loss']:.4f}",
+                                    samples_s=f"{window.get('samples_per_s', 0):,.0f}", refresh=False)
+                if step % steps_per_epoch == 0:
+                    val = engine.evaluate(loop.model, loop.workload, val_x, val_y, env, device)
+                    tracker.log_metrics({"val_loss": val["loss"], "val_accuracy": val["accuracy"]}, step)
+                stopped = stop is not None and stop.everywhere(device)
+                if step % train.checkpoint_every_steps == 0 or step == total or stopped:
+                    state = engine.checkpoint_state(loop, epoch, tracker.run_id)
+                    if env.is_main:
+                        ckpt.save(step, state)
+                    tracker.flush()  # metrics reach MLflow with their checkpoint: no duplicates on resume
+                if stopped:
+                    break
+    bar.close()
+    summary = {"step": step, "total_steps": total, "preempted": stopped, "run_id": tracker.run_id,
+               "rank_weight_sha256": dist.all_gather_object(weights_digest(loop.model)), **meter.summary()}
+    if env.is_main and not stopped:
+        _write_outputs(params, loop, manifest, out, summary, tracker)
+    dist.barrier()
+    return summary
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """sha256 over the model's parameters and buffers: equal digests mean equal weights."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, tensor in sorted(strategy.unwrap(model).state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _write_outputs(params: Params, loop: engine.Loop, manifest: dict[str, Any], out: Path,
+                   summary: dict[str, Any], tracker: tracking.Tracker) -> None:
+    import io
+
+    buf = io.BytesIO()
+    torch.save({"model": strategy.unwrap(loop.model).state_dict(), "workload": params.train.workload,
+                "model_config": params.train.model, "input_shape": manifest["input_shape"],
+                "num_classes": manifest["num_classes"]}, buf)
+    atomic_write_bytes(out / MODEL_FILE, buf.getvalue())
+    metrics = {k: summary[k] for k in ("samples_per_s", "step_time_ms") if k in summary}
+    metrics["ranks_in_sync"] = float(len(set(summary["rank_weight_sha256"])) == 1)
+    atomic_write_json(out / METRICS_FILE, {**metrics, "steps": summary["step"]})
+    atomic_write_json(out / RUN_FILE, {"run_id": tracker.run_id, "experiment": params.tracking.experiment,
+                                       "rank_weight_sha256": summary["rank_weight_sha256"]})
+    tracker.log_metrics(metrics, summary["step"])
+    tracker.log_artifact(out / METRICS_FILE)
+    profile_dir = out / "profile"
+    if profile_dir.is_dir():
+        for path in sorted(profile_dir.iterdir()):
+            tracker.log_artifact(path, "profile")

@@ -1,0 +1,55 @@
+# Shared settings and helpers for start.sh / stop.sh (sourced, not run).
+# Usage: source common.sh [STATE_DIR]
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+S=$(realpath -m "${1:-${SCALELAB_SLURM_DIR:-/tmp/scalelab-slurm}}")   # state dir
+CLUSTER=${SCALELAB_SLURM_CLUSTER:-scalelab}
+HOST=$(hostname -s)
+# Ports (override through the environment if they clash with something).
+CTLD_PORT=${SCALELAB_SLURM_CTLD_PORT:-16817}
+DBD_PORT=${SCALELAB_SLURM_DBD_PORT:-16819}
+N1_PORT=${SCALELAB_SLURM_N1_PORT:-17001}
+N2_PORT=${SCALELAB_SLURM_N2_PORT:-17002}
+DB_PORT=${SCALELAB_SLURM_DB_PORT:-16306}
+DB_SOCK=$S/mysql/mysqld.sock
+NODES=(n1 n2)
+HOSTS_MARK="# added by scalelab slurm/local/start.sh"
+# Clients (sinfo, sbatch, sacct, ...) and slurmdbd (which reads slurmdbd.conf from
+# the directory of SLURM_CONF) all find the config through this.
+export SLURM_CONF=$S/slurm.conf
+
+log() { echo "${0##*/}: $*" >&2; }
+
+# alive PIDFILE [COMM]: the pid in PIDFILE runs (and its command name is COMM).
+alive() {
+  local pid
+  pid=$(cat "$1" 2>/dev/null) || return 1
+  [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null || return 1
+  # not a zombie / dying process (field 3 of /proc/PID/stat is the state)
+  [[ ! $(cut -d' ' -f3 "/proc/$pid/stat" 2>/dev/null) =~ ^[ZXx]$ ]] || return 1
+  [[ -z ${2:-} ]] || [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "$2" ]]
+}
+
+# wait_for DESC SECONDS CMD...: retry CMD every 0.2 s until it succeeds.
+wait_for() {
+  local desc=$1 secs=$2 i
+  shift 2
+  for ((i = 0; i < secs * 5; i++)); do
+    "$@" >/dev/null 2>&1 && return 0
+    sleep 0.2
+  done
+  log "timed out after ${secs}s waiting for $desc; logs are in $S/log"
+  return 1
+}
+
+# stop_pidfile NAME PIDFILE: SIGTERM, wait up to 20 s, then SIGKILL.
+stop_pidfile() {
+  local name=$1 f=$2 pid i
+  if alive "$f"; then
+    pid=$(cat "$f")
+    log "stopping $name (pid $pid)"
+    kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < 100; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    kill -0 "$pid" 2>/dev/null && { log "killing $name"; kill -KILL "$pid" 2>/dev/null || true; }
+  fi
+  rm -f "$f"
+}

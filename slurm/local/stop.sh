@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Stop the local SLURM cluster started by start.sh. Idempotent.
+# Usage: slurm/local/stop.sh [STATE_DIR]   (default /tmp/scalelab-slurm)
+# Jobs still queued or running are cancelled first (so no job processes are
+# left behind). The state dir (job ids, accounting DB) is kept: start.sh
+# resumes from it; delete it for a fresh cluster.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh" "${1:-}"
+
+if alive "$S/run/slurmctld.pid" slurmctld; then
+  jobs=$(squeue -h -o %A 2>/dev/null | sort -u || true)
+  if [[ -n $jobs ]]; then
+    log "cancelling jobs: $(echo $jobs)"
+    scancel $jobs 2>/dev/null || true
+    wait_for "jobs to end" 30 sh -c '[ -z "$(squeue -h -o %A)" ]' || true
+  fi
+fi
+for n in "${NODES[@]}"; do stop_pidfile "slurmd $n" "$S/run/slurmd-$n.pid"; done
+stop_pidfile slurmctld "$S/run/slurmctld.pid"
+stop_pidfile slurmdbd "$S/run/slurmdbd.pid"
+stop_pidfile mariadbd "$S/run/mariadb.pid"
+if [[ -e $S/run/munged.ours ]]; then   # only a munged that start.sh started
+  stop_pidfile munged /run/munge/munged.pid
+  rm -f "$S/run/munged.ours"
+fi
+
+# Remove our /etc/hosts line; rewrite in place (cat >), /etc/hosts may be a bind mount.
+if grep -qF "$HOSTS_MARK" /etc/hosts; then
+  hosts=$(grep -vF "$HOSTS_MARK" /etc/hosts)
+  printf '%s\n' "$hosts" > /etc/hosts
+fi
+log "stopped"
