@@ -3,6 +3,7 @@
     scalelab prepare  --params params.yaml --out data/prepared
     scalelab train    --params params.yaml --data data/prepared --out results/train
     scalelab evaluate --params params.yaml --data data/prepared --train results/train --out results/eval/metrics.json
+    scalelab speedup  --params params.yaml --out results/speedup
     scalelab summary
 
 dvc.yaml owns the paths and passes them here. Bad input exits with status 2 and one line that
@@ -37,6 +38,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--params", default="params.yaml")
     p.add_argument("--data", required=True)
     p.add_argument("--train", required=True)
+    p.add_argument("--out", required=True)
+    p = sub.add_parser("speedup", help="the speedup study: single vs DataParallel vs DDP at N workers")
+    p.add_argument("--params", default="params.yaml")
+    p.add_argument("--out", required=True)
+    p = sub.add_parser("bench-worker", help="one study cell (started by `scalelab speedup`)")
+    p.add_argument("kind", choices=["steps", "allreduce"])
+    p.add_argument("--spec", required=True)
     p.add_argument("--out", required=True)
     p = sub.add_parser("summary", help="print the pipeline's headline figures")
     p.add_argument("--results", default="results")
@@ -110,6 +118,20 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
           f"on {m['num_test_samples']} samples -> {args.out}")
 
 
+def cmd_speedup(args: argparse.Namespace) -> None:
+    from scalelab import study
+    from scalelab.params import load_params
+
+    head = study.run(load_params(args.params), args.out)
+    print(f"speedup study: {head['headline']} -> {args.out}/speedup.md")
+
+
+def cmd_bench_worker(args: argparse.Namespace) -> None:
+    from scalelab import bench
+
+    bench.main(args.kind, args.spec, args.out)
+
+
 def cmd_summary(args: argparse.Namespace) -> None:
     from scalelab.report import summary
 
@@ -117,7 +139,8 @@ def cmd_summary(args: argparse.Namespace) -> None:
 
 
 COMMANDS = {"prepare": cmd_prepare, "train": cmd_train, "train-worker": cmd_train_worker,
-            "evaluate": cmd_evaluate, "summary": cmd_summary}
+            "evaluate": cmd_evaluate, "speedup": cmd_speedup, "bench-worker": cmd_bench_worker,
+            "summary": cmd_summary}
 
 if __name__ == "__main__":
     sys.exit(main())

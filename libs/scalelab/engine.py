@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from scalelab import data, dist, seeds, strategy, workloads
 from scalelab.config import to_dict
-from scalelab.params import Params, TrainConfig, resolve_device
+from scalelab.params import TrainConfig, resolve_device
 
 log = logging.getLogger(__name__)
 # knobs that change neither the math nor the data order: a resume may differ in these
@@ -58,14 +58,14 @@ class Loop:
     workload: workloads.Workload
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
-    train: TrainConfig
+    precision: str
     device: torch.device
 
     def autocast(self):
         dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
-        if self.train.precision == "fp32":
+        if self.precision == "fp32":
             return nullcontext()
-        return torch.autocast(self.device.type, dtype=dtypes[self.train.precision])
+        return torch.autocast(self.device.type, dtype=dtypes[self.precision])
 
     def step(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """One optimizer step over `grad_accum_steps` micro-batches; returns the summed loss.
@@ -86,11 +86,8 @@ class Loop:
         return total
 
 
-def build_loop(params: Params, manifest: dict[str, Any], device: torch.device) -> Loop:
-    train = params.train
-    seeds.seed_all(train.seed)  # identical model initialisation on every rank
-    wl = workloads.load(train.workload, train.model, input_shape=manifest["input_shape"],
-                        num_classes=manifest["num_classes"])
+def build_loop(train: TrainConfig, wl: workloads.Workload, device: torch.device) -> Loop:
+    """Wraps the workload's model for the strategy and builds optimizer and scaler."""
     model = strategy.wrap(wl.model, train.strategy, device)
     if train.optimizer == "adamw":
         opt = torch.optim.AdamW(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
@@ -98,7 +95,8 @@ def build_loop(params: Params, manifest: dict[str, Any], device: torch.device) -
         opt = torch.optim.SGD(model.parameters(), lr=train.lr, momentum=train.momentum,
                               weight_decay=train.weight_decay)
     scaler = torch.amp.GradScaler(device.type, enabled=train.precision == "fp16")
-    return Loop(model=model, workload=wl, optimizer=opt, scaler=scaler, train=train, device=device)
+    return Loop(model=model, workload=wl, optimizer=opt, scaler=scaler, precision=train.precision,
+                device=device)
 
 
 def make_loader(x: torch.Tensor, y: torch.Tensor, train: TrainConfig, env: dist.DistEnv,

@@ -113,12 +113,51 @@ class EvaluateConfig:
 
 
 @dataclass(**FROZEN)
+class Interconnect:
+    bandwidth_gb_s: float = knob(24.0, gt=0.0, doc="per-link all-reduce bus bandwidth, GB/s")
+    latency_us: float = knob(5.0, ge=0.0, doc="per-message latency, microseconds")
+
+
+@dataclass(**FROZEN)
+class SpeedupConfig:
+    """The speedup study (stage `speedup`): strategies x world sizes, measured side by side."""
+
+    workload: str = knob("mlp")
+    model: dict[str, Any] = knob({"hidden": [1024, 1024, 1024], "dropout": 0.0})
+    num_features: int = knob(1024, ge=1, doc="synthetic input width")
+    num_classes: int = knob(10, ge=2)
+    scaling: Literal["weak", "strong"] = knob("weak", doc="weak: fixed per-rank batch; strong: fixed global batch")
+    batch_size: int = knob(1024, ge=1, doc="per rank (weak) or global (strong)")
+    precision: Precision = knob("fp32")
+    strategies: list[Strategy] = knob(["single", "dp", "ddp"])
+    world_sizes: list[int] | Literal["auto"] = knob("auto", doc="auto: 1..GPUs on CUDA, 1..cores on CPU")
+    device: Literal["auto", "cpu", "cuda"] = knob("auto")
+    seed: int = knob(0, ge=0)
+    warmup_steps: int = knob(3, ge=1)
+    timed_steps: int = knob(5, ge=1)
+    repeats: int = knob(3, ge=1)
+    work_samples: int = knob(1_000_000, ge=1, doc="the fixed work behind the 'training time' column")
+    baseline: Literal["single-t1", "single-all"] = knob("single-t1", doc="the speedup column's baseline")
+    interconnects: dict[str, Interconnect] = knob({
+        "nvlink4": Interconnect(bandwidth_gb_s=370.0, latency_us=3.0),
+        "ib_hdr": Interconnect(bandwidth_gb_s=24.0, latency_us=5.0)})
+    predict_world_sizes: list[int] = knob([8, 64, 512])
+
+    def check(self, prefix: str) -> None:
+        bad = [w for w in ([] if self.world_sizes == "auto" else self.world_sizes) if w < 1]
+        if bad:
+            raise ConfigError(f"{prefix}.world_sizes = {self.world_sizes} is not allowed: sizes must be >= 1")
+        if not self.strategies:
+            raise ConfigError(f"{prefix}.strategies = [] is not allowed: give one or more of single, dp, ddp")
+
+
+@dataclass(**FROZEN)
 class Params:
     tracking: TrackingConfig = knob(TrackingConfig())
     data: DataConfig = knob(DataConfig())
     train: TrainConfig = knob(TrainConfig())
     evaluate: EvaluateConfig = knob(EvaluateConfig())
-    speedup: dict[str, Any] = knob({}, doc="checked by scalelab.speedup.config")
+    speedup: SpeedupConfig = knob(SpeedupConfig())
 
     def replace(self, **sections: Any) -> "Params":
         return dataclasses.replace(self, **sections)
@@ -132,6 +171,7 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     try:
         params = build(Params, raw)
         workloads.check_config(params.train.workload, params.train.model, "train")
+        workloads.check_config(params.speedup.workload, params.speedup.model, "speedup")
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     return params

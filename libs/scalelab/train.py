@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from scalelab import data, dist, engine, profiling, provenance, seeds, strategy, tracking
+from scalelab import data, dist, engine, profiling, provenance, seeds, strategy, tracking, workloads
 from scalelab.checkpoint import Checkpointer
 from scalelab.config import flatten, to_dict
 from scalelab.io import atomic_write_bytes, atomic_write_json
@@ -90,7 +90,10 @@ def _train(params: Params, env: dist.DistEnv, device: torch.device, manifest: di
     train = params.train
     x, y = data.load_split(data_dir, "train")
     val_x, val_y = data.load_split(data_dir, "val")
-    loop = engine.build_loop(params, manifest, device)
+    seeds.seed_all(train.seed)  # identical model initialisation on every rank
+    wl = workloads.load(train.workload, train.model, input_shape=manifest["input_shape"],
+                        num_classes=manifest["num_classes"])
+    loop = engine.build_loop(train, wl, device)
     step = engine.restore(ckpt.load_latest(), loop, train, env)
     _, steps_per_epoch = engine.make_loader(x, y, train, env, 0, 0)
     if steps_per_epoch == 0:

@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034  # variables are used by the scripts that source this
 # Shared settings and helpers for start.sh / stop.sh (sourced, not run).
 # Usage: source common.sh [STATE_DIR]
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -41,15 +42,17 @@ wait_for() {
   return 1
 }
 
-# stop_pidfile NAME PIDFILE: SIGTERM, wait up to 20 s, then SIGKILL.
+# stop_pidfile NAME PIDFILE: SIGTERM, wait up to 10 s, then SIGKILL.
 stop_pidfile() {
   local name=$1 f=$2 pid i
   if alive "$f"; then
     pid=$(cat "$f")
     log "stopping $name (pid $pid)"
     kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < 100; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-    kill -0 "$pid" 2>/dev/null && { log "killing $name"; kill -KILL "$pid" 2>/dev/null || true; }
+    # alive, not kill -0: an exited daemon may linger as a zombie when PID 1
+    # does not reap orphans (containers/microVMs).
+    for ((i = 0; i < 100; i++)); do alive "$f" || break; sleep 0.1; done
+    if alive "$f"; then log "killing $name"; kill -KILL "$pid" 2>/dev/null || true; fi
   fi
   rm -f "$f"
 }

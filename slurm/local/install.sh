@@ -19,20 +19,18 @@ if [[ ${#missing[@]} -eq 0 ]]; then
 fi
 
 export DEBIAN_FRONTEND=noninteractive
-# apt-get update only if the package lists were never fetched (fresh machine)
-# or if the install fails because the lists are stale.
+# apt-get update only if there are no package lists yet, or if the install
+# fails (stale lists).
 if ! compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null; then
   apt-get update -qq
 fi
 # policy-rc.d: we are not under systemd; keep maintainer scripts from trying to
 # start daemons (start.sh starts them itself, with our own config).
-cleanup_policy=0
 if [[ ! -e /usr/sbin/policy-rc.d ]]; then
   printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
   chmod +x /usr/sbin/policy-rc.d
-  cleanup_policy=1
+  trap 'rm -f /usr/sbin/policy-rc.d' EXIT
 fi
-trap '[[ $cleanup_policy == 1 ]] && rm -f /usr/sbin/policy-rc.d' EXIT
 if ! apt-get install -y -qq --no-install-recommends "${missing[@]}"; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -18,8 +18,8 @@ render() {  # render NAME: STATE_DIR/NAME.new from slurm/local/NAME.in
 sql() { mariadb --no-defaults --socket="$DB_SOCK" -uroot -e "$1"; }
 cancel_stale() {  # cancel_stale [squeue filters]: cancel jobs a crashed cluster left
   local jobs
-  jobs=$(squeue -h -o %A "$@" | sort -u)
-  [[ -z $jobs ]] || { log "cancelling jobs left from before: $(echo $jobs)"; scancel $jobs || true; }
+  mapfile -t jobs < <(squeue -h -o %A "$@" | sort -u)
+  ((${#jobs[@]} == 0)) || { log "cancelling jobs left from before: ${jobs[*]}"; scancel "${jobs[@]}" || true; }
 }
 registered() {  # registered NODE: its slurmd registered after $t_slurmd
   local t
@@ -36,7 +36,8 @@ nodes_in() {  # nodes_in REGEX: every node's state (sinfo %t) matches REGEX
 render slurm.conf
 render slurmdbd.conf
 if ! cmp -s "$S/slurm.conf.new" "$S/slurm.conf" || ! cmp -s "$S/slurmdbd.conf.new" "$S/slurmdbd.conf"; then
-  if alive "$S/run/slurmctld.pid" slurmctld || alive "$S/run/slurmdbd.pid" slurmdbd; then
+  if alive "$S/run/slurmctld.pid" slurmctld || alive "$S/run/slurmdbd.pid" slurmdbd ||
+     alive "$S/run/slurmd-n1.pid" slurmd || alive "$S/run/slurmd-n2.pid" slurmd; then
     log "config changed: restarting the cluster"
     "$HERE/stop.sh" "$S"
   fi

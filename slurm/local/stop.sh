@@ -8,10 +8,11 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh" "${1:-}"
 
 if alive "$S/run/slurmctld.pid" slurmctld; then
-  jobs=$(squeue -h -o %A 2>/dev/null | sort -u || true)
-  if [[ -n $jobs ]]; then
-    log "cancelling jobs: $(echo $jobs)"
-    scancel $jobs 2>/dev/null || true
+  mapfile -t jobs < <(squeue -h -o %A 2>/dev/null | sort -u)
+  if ((${#jobs[@]})); then
+    log "cancelling jobs: ${jobs[*]}"
+    scancel "${jobs[@]}" 2>/dev/null || true
+    # shellcheck disable=SC2016  # expanded by sh -c
     wait_for "jobs to end" 30 sh -c '[ -z "$(squeue -h -o %A)" ]' || true
   fi
 fi
@@ -24,9 +25,10 @@ if [[ -e $S/run/munged.ours ]]; then   # only a munged that start.sh started
   rm -f "$S/run/munged.ours"
 fi
 
-# Remove our /etc/hosts line; rewrite in place (cat >), /etc/hosts may be a bind mount.
+# Remove our /etc/hosts line. Truncate and rewrite the file rather than
+# sed -i (which replaces it): /etc/hosts may be a bind mount.
 if grep -qF "$HOSTS_MARK" /etc/hosts; then
-  hosts=$(grep -vF "$HOSTS_MARK" /etc/hosts)
+  hosts=$(grep -vF "$HOSTS_MARK" /etc/hosts || true)
   printf '%s\n' "$hosts" > /etc/hosts
 fi
 log "stopped"
