@@ -7,7 +7,7 @@ export PATH := $(BIN):$(PATH)
 HOST ?= 127.0.0.1
 PORT ?= 5000
 
-.PHONY: setup repro test ui lock mlflow-server slurm-up slurm-down clean
+.PHONY: setup repro test ui bench lock mlflow-server slurm-up slurm-down clean
 
 setup: $(STAMP)
 
@@ -27,6 +27,22 @@ test: setup
 
 ui: setup
 	$(BIN)/mlflow ui --backend-store-uri "$${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlflow.db}" --host $(HOST) --port $(PORT)
+
+# A shared tracking server (see slurm/README.md): binds 127.0.0.1 unless HOST is given.
+mlflow-server: setup
+	slurm/mlflow-server.sh
+
+# Benchmarks: JSON figures under results/bench/.
+bench: setup
+	$(BIN)/scalelab bench all --out results/bench
+
+# The local test SLURM cluster (as root): Debian packages, then munge, MariaDB, slurmdbd, slurmctld, 2 slurmd.
+slurm-up:
+	slurm/local/install.sh
+	slurm/local/start.sh
+
+slurm-down:
+	slurm/local/stop.sh
 
 # Re-resolve requirements.in into requirements.lock (keeps torch at the 2.13.0 pin).
 lock:

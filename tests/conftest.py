@@ -91,3 +91,22 @@ def repo_copy(tmp_path: Path) -> Path:
     subprocess.run(["git", "add", "-A"], cwd=dest, check=True)
     subprocess.run([*git, "commit", "-qm", "test copy"], cwd=dest, check=True)
     return dest
+
+
+def _is_root() -> bool:
+    return os.geteuid() == 0
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> dict[str, str]:
+    """The local SLURM cluster (slurm/local/): reused if SLURM_CONF points at a live one, else
+    installed and started here, which needs root (CI runs as root)."""
+    conf = os.environ.get("SLURM_CONF")
+    if not conf:
+        if not _is_root():
+            pytest.skip("the local SLURM cluster needs root to install and start (slurm/local/start.sh)")
+        subprocess.run([str(REPO / "slurm/local/install.sh")], check=True, capture_output=True)
+        subprocess.run([str(REPO / "slurm/local/start.sh")], check=True, capture_output=True)
+        conf = "/tmp/scalelab-slurm/slurm.conf"
+        os.environ["SLURM_CONF"] = conf
+    return {"SLURM_CONF": conf}

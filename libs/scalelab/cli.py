@@ -21,6 +21,12 @@ from pathlib import Path
 from scalelab.config import ConfigError
 
 EXIT_BAD_INPUT = 2
+# subcommands with their own argument parsers: name -> (module with main(argv) -> int, help)
+DELEGATED = {
+    "sweep": ("scalelab.sweep", "submit a grid of overrides as one SLURM job array; status; collect"),
+    "reproduce": ("scalelab.reproduce", "rerun a tracked run from its provenance and compare"),
+    "bench": ("scalelab.benchmarks", "benchmarks that write results/bench/*.json"),
+}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -46,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("kind", choices=["steps", "allreduce"])
     p.add_argument("--spec", required=True)
     p.add_argument("--out", required=True)
+    for name, (module, text) in DELEGATED.items():
+        p = sub.add_parser(name, help=text, add_help=False)
+        p.add_argument("rest", nargs=argparse.REMAINDER)
     p = sub.add_parser("summary", help="print the pipeline's headline figures")
     p.add_argument("--results", default="results")
     return parser
@@ -53,11 +62,17 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    args = _parser().parse_args(argv)
+    args, extra = _parser().parse_known_args(argv)
+    if extra and args.command not in DELEGATED:
+        _parser().error(f"unrecognized arguments: {' '.join(extra)}")
     from scalelab.data import DataError
     from scalelab.launch import LaunchError
 
     try:
+        if args.command in DELEGATED:
+            import importlib
+
+            return importlib.import_module(DELEGATED[args.command][0]).main(extra + args.rest) or 0
         return COMMANDS[args.command](args) or 0
     except (ConfigError, DataError) as exc:
         print(f"scalelab {args.command}: error: {exc}", file=sys.stderr)
