@@ -43,7 +43,7 @@ class Checkpointer:
     def path(self, step: int) -> Path:
         return self.folder / f"step-{step:08d}.pt"
 
-    def claim(self, run_id: str | None) -> str | None:
+    def claim(self) -> str | None:
         """Binds the folder to this fingerprint; returns the run id of an earlier try, if any.
 
         A folder made under another fingerprint is cleared first: its checkpoints belong to

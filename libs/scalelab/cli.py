@@ -105,6 +105,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     manifest = data.verify(args.data)
     workloads.load(params.train.workload, params.train.model,  # a model that cannot be built fails here
                    input_shape=manifest["input_shape"], num_classes=manifest["num_classes"])
+    if params.train.launcher == "slurm":
+        launch.run_slurm(params, args.data, args.out)
+        return 0
     if params.train.strategy == "ddp":
         launch.run_local(params, args.params, args.data, args.out)
         return 0

@@ -114,7 +114,10 @@ def make_loader(x: torch.Tensor, y: torch.Tensor, train: TrainConfig, env: dist.
     batches = [order[i:i + train.batch_size] for i in range(0, steps * per_step, train.batch_size)]
     loader = DataLoader(data.TensorPairs(x, y), batch_sampler=batches[skip_batches:],
                         collate_fn=_identity, num_workers=train.num_workers,
-                        worker_init_fn=_WorkerSeed(train.seed, env.rank))
+                        worker_init_fn=_WorkerSeed(train.seed, env.rank),
+                        # its own generator: making an iterator must not draw from the global RNG,
+                        # or a resumed epoch would shift every later dropout mask
+                        generator=torch.Generator().manual_seed(seeds.rank_seed(train.seed, env.rank)))
     return loader, steps
 
 

@@ -43,3 +43,27 @@ def run_local(params: Params, params_file: str | Path, data_dir: str | Path, out
     if proc.returncode != 0:
         raise LaunchError(f"torchrun exited with {proc.returncode}: see the rank tracebacks above; "
                           f"command: {' '.join(cmd)}")
+
+
+def run_slurm(params: Params, data_dir: str | Path, out_dir: str | Path) -> dict:
+    """Pre-flight, submit one training job through submitit, stream it, and wait for it."""
+    from scalelab import slurm
+    from scalelab.io import atomic_write_json
+
+    profile = slurm.load_profile(params.slurm.profile)
+    slurm.preflight(params, profile, tracking.tracking_uri())
+    os.environ.update(worker_env(params))  # sbatch exports the submitter's environment to the tasks
+    ex = slurm.executor(params, profile, name=f"scalelab-{params.train.workload}")
+    try:
+        job = ex.submit(slurm.TrainJob(params, str(Path(data_dir).resolve()), str(Path(out_dir).resolve())))
+    except Exception as exc:  # sbatch refused: no cluster, bad partition, ...
+        raise LaunchError(f"sbatch refused the job: {str(exc).strip().splitlines()[-1]}") from None
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    atomic_write_json(Path(out_dir) / "slurm.json", {"job_id": job.job_id, "folder": str(job.paths.folder)})
+    print(f"submitted SLURM job {job.job_id} ({params.train.num_nodes} nodes x "
+          f"{params.train.nproc_per_node} tasks); logs in {job.paths.folder}", flush=True)
+    try:
+        return slurm.wait(job, params.slurm.poll_interval_s)
+    except Exception as exc:
+        raise LaunchError(f"SLURM job {job.job_id} failed: {str(exc).strip().splitlines()[-1]}; "
+                          f"logs: {job.paths.stderr}") from None

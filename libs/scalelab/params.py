@@ -25,6 +25,9 @@ FROZEN = dict(frozen=True, kw_only=True, slots=True)
 class TrackingConfig:
     experiment: str = knob("scalelab", doc="MLflow experiment name")
     enabled: bool = knob(True, doc="false uses the no-op tracker")
+    system_metrics_interval_s: float = knob(10.0, ge=0.0, doc="seconds between system-metrics samples "
+                                            "on each node (MLflow's SystemMetricsMonitor); 0 turns them off")
+    run_id: str = knob("", doc="log into this existing run (set by `scalelab sweep` per element)")
 
 
 @dataclass(**FROZEN)
@@ -152,12 +155,31 @@ class SpeedupConfig:
 
 
 @dataclass(**FROZEN)
+class SlurmConfig:
+    """Used when train.launcher = 'slurm' and by `scalelab sweep`."""
+
+    profile: str = knob("local", doc="a cluster profile: slurm/profiles/<name>.yaml")
+    folder: str = knob("results/slurm", doc="submitit logs and job pickles (one folder per job)")
+    max_timeouts: int = knob(3, ge=0, doc="requeues allowed after a time-limit signal")
+    poll_interval_s: float = knob(5.0, gt=0.0)
+    est_step_time_s: float = knob(1.0, gt=0.0, doc="rough step time, for the pre-flight check only")
+
+
+@dataclass(**FROZEN)
+class SweepConfig:
+    array_parallelism: int = knob(4, ge=1, doc="SLURM array elements running at once")
+    evaluate: bool = knob(True, doc="score each element on the test split inside its job")
+
+
+@dataclass(**FROZEN)
 class Params:
     tracking: TrackingConfig = knob(TrackingConfig())
     data: DataConfig = knob(DataConfig())
     train: TrainConfig = knob(TrainConfig())
     evaluate: EvaluateConfig = knob(EvaluateConfig())
     speedup: SpeedupConfig = knob(SpeedupConfig())
+    slurm: SlurmConfig = knob(SlurmConfig())
+    sweep: SweepConfig = knob(SweepConfig())
 
     def replace(self, **sections: Any) -> "Params":
         return dataclasses.replace(self, **sections)

@@ -30,10 +30,10 @@ def test_other_fingerprint_is_never_resumed(tmp_path):
 def test_claim_keeps_run_id_for_same_params_and_clears_others(tmp_path):
     folder = tmp_path / "ck"
     first = Checkpointer(folder, "fp1")
-    assert first.claim(None) is None
+    assert first.claim() is None
     first.record("run-1")
     first.save(5, {"w": 1})
-    assert Checkpointer(folder, "fp1").claim(None) == "run-1"
+    assert Checkpointer(folder, "fp1").claim() == "run-1"
     other = Checkpointer(folder, "fp2")
-    assert other.claim(None) is None
+    assert other.claim() is None
     assert other.steps() == []
