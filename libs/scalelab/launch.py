@@ -64,6 +64,6 @@ def run_slurm(params: Params, data_dir: str | Path, out_dir: str | Path) -> dict
           f"{params.train.nproc_per_node} tasks); logs in {job.paths.folder}", flush=True)
     try:
         return slurm.wait(job, params.slurm.poll_interval_s)
-    except Exception as exc:
-        raise LaunchError(f"SLURM job {job.job_id} failed: {str(exc).strip().splitlines()[-1]}; "
+    except Exception:
+        raise LaunchError(f"SLURM job {job.job_id} failed: {slurm.error_line(job)}; "
                           f"logs: {job.paths.stderr}") from None

@@ -186,3 +186,15 @@ def _tail(path: Path, seen: int, out: Any) -> int:
         if line.strip() and "\r" not in line:
             print(f"  | {line}", file=out, flush=True)
     return seen + len(chunk)
+
+
+def error_line(job: Any) -> str:
+    """The exception line of a job's rank-0 stderr, else its last lines."""
+    import re
+
+    try:
+        lines = [ln for ln in Path(job.paths.stderr).read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "no log"
+    raised = [ln for ln in lines if re.match(r"^(\[rank\d+\]: )?[\w.]+(Error|Exception|Exit)\b", ln)]
+    return (raised[-1] if raised else " | ".join(lines[-3:]))[:1000]

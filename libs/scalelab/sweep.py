@@ -1,0 +1,209 @@
+"""Sweeps: a grid of params overrides submitted as one SLURM job array.
+
+    scalelab sweep submit  --name lr-seed -S train.lr=0.001,0.003 -S train.seed=0,1
+    scalelab sweep status  --name lr-seed
+    scalelab sweep collect --name lr-seed     # -> results/sweeps/lr-seed/summary.csv
+
+`submit` validates every element (params, data, pre-flight) before anything is submitted, makes one
+MLflow parent run and one child per element, submits the array and returns at once. Each element
+is a (possibly multi-node) DDP job that logs into its own child run; a failing element does not
+stop the others. Values reach the jobs as Python objects through submitit, never through a shell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import itertools
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from scalelab import data, tracking
+from scalelab.config import ConfigError, build, read_yaml
+from scalelab.io import atomic_write_json
+from scalelab.params import Params, load_params
+
+ROOT = Path("results/sweeps")
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+SHAPE_KEYS = ("train.num_nodes", "train.nproc_per_node", "train.threads_per_process", "train.launcher")
+
+
+def parse_overrides(specs: list[str]) -> dict[str, list[Any]]:
+    """['train.lr=0.1,0.2'] -> {'train.lr': [0.1, 0.2]}; each value is read as a YAML scalar."""
+    grid: dict[str, list[Any]] = {}
+    for spec in specs:
+        key, sep, values = spec.partition("=")
+        if not sep or not key or not values:
+            raise ConfigError(f"-S {spec!r} is not allowed: write -S section.key=value1,value2")
+        grid[key] = [yaml.safe_load(v) for v in values.split(",")]
+    return grid
+
+
+def expand(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    keys = list(grid)
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
+
+
+def apply(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(raw)
+    for key, value in overrides.items():
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"-S {key}: {part} is not a section")
+        node[leaf] = value
+    return out
+
+
+def plan(params_file: str, specs: list[str]) -> tuple[Params, list[tuple[dict, dict, Params]]]:
+    """Validates the base params and every element; returns (base, [(overrides, raw, params)])."""
+    base = load_params(params_file)
+    raw = read_yaml(params_file)
+    grid = parse_overrides(specs)
+    bad = [k for k in grid if k in SHAPE_KEYS]
+    if bad:
+        raise ConfigError(f"-S {bad[0]} is not allowed in a sweep: one job array has one job shape "
+                          f"({', '.join(SHAPE_KEYS)}); submit one sweep per shape")
+    elements = []
+    for overrides in expand(grid):
+        element_raw = apply(raw, overrides)
+        try:
+            elements.append((overrides, element_raw, build(Params, element_raw)))
+        except ConfigError as exc:
+            raise ConfigError(f"sweep element {overrides}: {exc}") from None
+    return base, elements
+
+
+def submit(args: argparse.Namespace) -> int:
+    from scalelab import slurm
+
+    if not NAME.match(args.name):
+        raise ConfigError(f"--name {args.name!r} is not allowed: letters, digits, '_', '.', '-' (max 64)")
+    folder = ROOT / args.name
+    if (folder / "manifest.json").exists():
+        raise ConfigError(f"--name {args.name!r}: {folder} already holds a sweep; pick another name")
+    base, elements = plan(args.params, args.set)
+    data.verify(args.data)
+    profile = slurm.load_profile(base.slurm.profile)
+    for _, _, params in elements:
+        slurm.preflight(params, profile, tracking.tracking_uri())
+    parent = tracking.MlflowTracker.open(base.tracking.experiment, run_name=f"sweep-{args.name}",
+                                         tags={"scalelab.kind": "sweep", "scalelab.sweep": args.name})
+    parent.log_params({"overrides": " ".join(args.set), "elements": len(elements)})
+    jobs, manifest = [], {"name": args.name, "parent_run_id": parent.run_id, "elements": []}
+    ex = slurm.executor(base, profile, name=f"sweep-{args.name}")
+    ex.update_parameters(slurm_array_parallelism=base.sweep.array_parallelism)
+    with ex.batch():
+        for i, (overrides, raw, params) in enumerate(elements):
+            child = _child_run(base, parent.run_id, args.name, i, overrides)
+            params = params.replace(tracking=build(type(params.tracking), {**raw.get("tracking", {}), "run_id": child}))
+            out = (folder / f"{i:03d}").resolve()
+            jobs.append(ex.submit(slurm.TrainJob(params, str(Path(args.data).resolve()), str(out),
+                                                 evaluate=base.sweep.evaluate)))
+            manifest["elements"].append({"index": i, "overrides": overrides, "run_id": child, "out": str(out)})
+    for element, job in zip(manifest["elements"], jobs):
+        element.update(job_id=job.job_id, log_folder=str(job.paths.folder))
+    atomic_write_json(folder / "manifest.json", manifest)
+    print(f"submitted sweep {args.name!r}: {len(jobs)} elements as job array {jobs[0].job_id.split('_')[0]} "
+          f"(at most {base.sweep.array_parallelism} at once); manifest: {folder / 'manifest.json'}")
+    return 0
+
+
+def _child_run(base: Params, parent_id: str, name: str, index: int, overrides: dict[str, Any]) -> str:
+    label = "-".join(f"{k.split('.')[-1]}{v}" for k, v in overrides.items())
+    child = tracking.MlflowTracker.open(base.tracking.experiment, run_name=f"{name}-{index:03d}-{label}"[:200],
+                                        parent_run_id=parent_id,
+                                        tags={"scalelab.sweep": name, "scalelab.sweep_index": index})
+    child.log_params({f"override.{k}": v for k, v in overrides.items()})
+    child.client.update_run(child.run_id, status="SCHEDULED")
+    return child.run_id
+
+
+def _manifest(name: str) -> dict[str, Any]:
+    path = ROOT / name / "manifest.json"
+    if not path.is_file():
+        raise ConfigError(f"--name {name!r}: {path} does not exist; sweeps: "
+                          f"{', '.join(sorted(p.name for p in ROOT.glob('*'))) or 'none'}")
+    return json.loads(path.read_text())
+
+
+def _job(element: dict[str, Any]) -> Any:
+    import submitit
+
+    return submitit.SlurmJob(folder=element["log_folder"], job_id=element["job_id"])
+
+
+def status(args: argparse.Namespace) -> int:
+    for element in _manifest(args.name)["elements"]:
+        print(f"{element['index']:03d}  {element['job_id']:>10}  {_job(element).state:<10}  {element['overrides']}")
+    return 0
+
+
+METRICS = ("train_loss", "val_loss", "val_accuracy", "test_accuracy", "test_loss", "samples_per_s", "step_time_ms")
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE"}
+
+
+def _row(client: Any, element: dict[str, Any]) -> dict[str, Any]:
+    from scalelab import slurm
+
+    job = _job(element)
+    state = job.state
+    row = {"index": element["index"], "job_id": element["job_id"], "state": state,
+           **{f"override.{k}": v for k, v in element["overrides"].items()}, "run_id": element["run_id"]}
+    if state == "COMPLETED" and (Path(element["out"]) / "run.json").is_file():
+        metrics = client.get_run(element["run_id"]).data.metrics
+        row.update(status="finished", **{k: metrics.get(k) for k in METRICS}, error="")
+    elif state in ENDED:
+        row.update(status="failed", error=slurm.error_line(job))
+        if client.get_run(element["run_id"]).info.status in ("SCHEDULED", "RUNNING"):
+            client.set_terminated(element["run_id"], status="FAILED")
+    else:
+        row.update(status="pending" if state in ("PENDING", "UNKNOWN", "REQUEUED") else "running", error="")
+    return row
+
+
+def collect(args: argparse.Namespace) -> int:
+    """Writes results/sweeps/<name>/summary.csv: one row per element, failed ones with their error."""
+    import pandas as pd
+    from mlflow import MlflowClient
+
+    manifest = _manifest(args.name)
+    client = MlflowClient(tracking.tracking_uri())
+    frame = pd.DataFrame([_row(client, e) for e in manifest["elements"]])
+    out = ROOT / args.name / "summary.csv"
+    frame.to_csv(out, index=False)
+    shown = frame.drop(columns=["run_id"]).to_string(index=False, max_colwidth=80)
+    print(f"{shown}\n-> {out}")
+    counts = frame.status.value_counts().to_dict()
+    if counts.get("pending", 0) + counts.get("running", 0) == 0:
+        parent = manifest["parent_run_id"]
+        tracker = tracking.MlflowTracker.attach(parent)
+        tracker.log_metrics({"finished": counts.get("finished", 0), "failed": counts.get("failed", 0)}, 0)
+        tracker.log_artifact(out)
+        tracker.finish("FINISHED")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="scalelab sweep", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="action", required=True)
+    p = sub.add_parser("submit", help="validate, submit the job array, and return")
+    p.add_argument("--name", required=True)
+    p.add_argument("--params", default="params.yaml")
+    p.add_argument("--data", default="data/prepared")
+    p.add_argument("-S", "--set", action="append", required=True, metavar="KEY=V1,V2")
+    for action in ("status", "collect"):
+        sub.add_parser(action).add_argument("--name", required=True)
+    args = parser.parse_args(argv)
+    return {"submit": submit, "status": status, "collect": collect}[args.action](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
