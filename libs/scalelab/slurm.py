@@ -138,6 +138,8 @@ class TrainJob:
 
         # cuda devices: one task per GPU, picked by LOCAL_RANK in engine.setup_process
         submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+        # submitit's folder with %j resolved, for the provenance tag launch.submitit_folder
+        os.environ["SUBMITIT_FOLDER"] = str(submitit.JobEnvironment().paths.folder)
         requeue = signal.getsignal(signal.SIGUSR2)   # submitit's: checkpoint() + scontrol requeue
         stop = StopFlag().arm(signal.SIGUSR2)        # ours: only sets a flag; the loop acts on it
         summary = train.run(self.params, self.data_dir, self.out_dir, stop=stop)
