@@ -53,7 +53,7 @@ def run_slurm(params: Params, data_dir: str | Path, out_dir: str | Path) -> dict
     profile = slurm.load_profile(params.slurm.profile)
     slurm.preflight(params, profile, tracking.tracking_uri())
     os.environ.update(worker_env(params))  # sbatch exports the submitter's environment to the tasks
-    ex = slurm.executor(params, profile, name=f"scalelab-{params.train.workload}")
+    ex = slurm.train_executor(params, profile, name=f"scalelab-{params.train.workload}")
     try:
         job = ex.submit(slurm.TrainJob(params, str(Path(data_dir).resolve()), str(Path(out_dir).resolve())))
     except Exception as exc:  # sbatch refused: no cluster, bad partition, ...

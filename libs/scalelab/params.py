@@ -135,6 +135,8 @@ class SpeedupConfig:
     strategies: list[Strategy] = knob(["single", "dp", "ddp"])
     world_sizes: list[int] | Literal["auto"] = knob("auto", doc="auto: 1..GPUs on CUDA, 1..cores on CPU")
     device: Literal["auto", "cpu", "cuda"] = knob("auto")
+    launcher: Literal["local", "slurm"] = knob("local", doc="slurm: every cell is a job on slurm.profile")
+    nodes: list[int] = knob([1], doc="node counts for ddp cells (> 1 needs launcher slurm)")
     seed: int = knob(0, ge=0)
     warmup_steps: int = knob(3, ge=1)
     timed_steps: int = knob(5, ge=1)
@@ -150,6 +152,11 @@ class SpeedupConfig:
         bad = [w for w in ([] if self.world_sizes == "auto" else self.world_sizes) if w < 1]
         if bad:
             raise ConfigError(f"{prefix}.world_sizes = {self.world_sizes} is not allowed: sizes must be >= 1")
+        if self.launcher == "local" and self.nodes != [1]:
+            raise ConfigError(f"{prefix}.nodes = {self.nodes} is not allowed with {prefix}.launcher = "
+                              "'local': cells on more than one node need launcher 'slurm'")
+        if not self.nodes or min(self.nodes) < 1:
+            raise ConfigError(f"{prefix}.nodes = {self.nodes} is not allowed: give node counts >= 1")
         if not self.strategies:
             raise ConfigError(f"{prefix}.strategies = [] is not allowed: give one or more of single, dp, ddp")
 

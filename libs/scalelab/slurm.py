@@ -106,22 +106,29 @@ def _ping(uri: str) -> None:
                           "`make mlflow-server`") from None
 
 
-def executor(params: Params, profile: Profile, name: str) -> Any:
-    """A submitit executor for train-shaped jobs of this profile."""
+def executor(params: Params, profile: Profile, name: str, *, nodes: int, tasks_per_node: int,
+             cpus_per_task: int, gpus_per_node: int = 0) -> Any:
+    """A submitit executor for jobs of this shape on this profile."""
     import submitit
 
-    t = params.train
     ex = submitit.AutoExecutor(folder=Path(params.slurm.folder).resolve() / "%j", cluster="slurm",
                                slurm_max_num_timeout=params.slurm.max_timeouts)
     extra: dict[str, Any] = {"slurm_account": profile.account} if profile.account else {}
-    if profile.gpus_per_node and t.device != "cpu":
-        extra["gpus_per_node"] = t.nproc_per_node
-    ex.update_parameters(name=name, nodes=t.num_nodes, tasks_per_node=t.nproc_per_node,
-                         cpus_per_task=t.threads_per_process, timeout_min=profile.time_limit_min,
-                         mem_gb=profile.mem_gb, slurm_partition=profile.partition,
-                         slurm_setup=list(profile.setup), slurm_signal_delay_s=profile.signal_delay_s,
-                         **extra)
+    if gpus_per_node:
+        extra["gpus_per_node"] = gpus_per_node
+    ex.update_parameters(name=name, nodes=nodes, tasks_per_node=tasks_per_node, cpus_per_task=cpus_per_task,
+                         timeout_min=profile.time_limit_min, mem_gb=profile.mem_gb,
+                         slurm_partition=profile.partition, slurm_setup=list(profile.setup),
+                         slurm_signal_delay_s=profile.signal_delay_s, **extra)
     return ex
+
+
+def train_executor(params: Params, profile: Profile, name: str) -> Any:
+    """One task per device: num_nodes x nproc_per_node tasks."""
+    t = params.train
+    gpus = t.nproc_per_node if profile.gpus_per_node and t.device != "cpu" else 0
+    return executor(params, profile, name, nodes=t.num_nodes, tasks_per_node=t.nproc_per_node,
+                    cpus_per_task=t.threads_per_process, gpus_per_node=gpus)
 
 
 class TrainJob:
@@ -200,3 +207,43 @@ def error_line(job: Any) -> str:
         return "no log"
     raised = [ln for ln in lines if re.match(r"^(\[rank\d+\]: )?[\w.]+(Error|Exception|Exit)\b", ln)]
     return (raised[-1] if raised else " | ".join(lines[-3:]))[:1000]
+
+
+class BenchJob:
+    """One speedup-study cell (or the all-reduce benchmark) as a SLURM job."""
+
+    def __init__(self, kind: str, spec: dict[str, Any]) -> None:
+        self.kind, self.spec = kind, spec
+
+    def __call__(self) -> dict[str, Any]:
+        import submitit
+
+        from scalelab import bench
+
+        submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+        result = (bench.time_allreduce if self.kind == "allreduce" else bench.time_steps)(self.spec)
+        result.pop("is_main")
+        return result
+
+
+def run_cells(params: Params, items: list[tuple[str, Any, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Submits every cell at once; `--dependency=singleton` runs them one at a time, so that no
+    two cells' timings overlap. Returns one result per item, in order."""
+    profile = load_profile(params.slurm.profile)
+    jobs = []
+    for kind, cell, spec in items:
+        per_node = cell.world_size // cell.nodes if cell.strategy == "ddp" else 1
+        gpus = (cell.world_size if cell.strategy == "dp" else per_node) if cell.device == "cuda" else 0
+        ex = executor(params, profile, "scalelab-speedup", nodes=cell.nodes, tasks_per_node=per_node,
+                      cpus_per_task=cell.threads_per_process, gpus_per_node=gpus)
+        ex.update_parameters(slurm_additional_parameters={"dependency": "singleton"})
+        jobs.append(ex.submit(BenchJob(kind, spec)))
+    if jobs:
+        print(f"submitted {len(jobs)} study cells as SLURM jobs {', '.join(j.job_id for j in jobs)}", flush=True)
+    results = []
+    for job in jobs:
+        try:
+            results.append({"status": "ok", **wait(job, params.slurm.poll_interval_s)})
+        except Exception:
+            results.append({"status": "failed", "reason": error_line(job)})
+    return results

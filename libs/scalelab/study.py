@@ -45,8 +45,11 @@ class Cell:
         return bool(self.reason)
 
 
-def plan(cfg: SpeedupConfig, gpus: int, cores: int) -> list[Cell]:
-    """Every cell of the grid, runnable or not (a skipped cell carries its reason)."""
+def plan(cfg: SpeedupConfig, gpus: int, cores: int, max_nodes: int = 1) -> list[Cell]:
+    """Every cell of the grid, runnable or not (a skipped cell carries its reason).
+
+    `gpus` and `cores` are per node: this machine's, or the SLURM profile's.
+    """
     device = cfg.device if cfg.device != "auto" else ("cuda" if gpus else "cpu")
     units = gpus if device == "cuda" else cores
     sizes = cfg.world_sizes if cfg.world_sizes != "auto" else _auto_sizes(units)
@@ -56,12 +59,16 @@ def plan(cfg: SpeedupConfig, gpus: int, cores: int) -> list[Cell]:
             threads = [1] if device == "cuda" else sorted({1, cores})
             cells += [Cell(f"single-t{t}" if device == "cpu" else "single-gpu", "single", 1, t, device)
                       for t in threads]
-        for world in (w for w in sizes if strategy != "single"):
-            if strategy == "dp" and world < 2:
-                continue
-            threads = 1 if device == "cuda" else max(1, cores // world)
-            cells.append(Cell(f"{strategy}-w{world}", strategy, world, threads, device,
-                              reason=_why_not(cfg, strategy, world, device, gpus, cores)))
+        for nodes in (cfg.nodes if strategy == "ddp" else [1]):
+            for world in (w for w in sizes if strategy != "single" and w % nodes == 0):
+                if strategy == "dp" and world < 2:
+                    continue
+                per_node = world // nodes
+                threads = 1 if device == "cuda" else max(1, cores // per_node)
+                name = f"{strategy}-w{world}" if cfg.nodes == [1] else f"{strategy}-n{nodes}-w{world}"
+                reason = _why_not(cfg, strategy, world, per_node, device, gpus, cores) or (
+                    f"needs {nodes} nodes; the cluster profile has {max_nodes}" if nodes > max_nodes else "")
+                cells.append(Cell(name, strategy, world, threads, device, nodes, reason))
     return cells
 
 
@@ -73,13 +80,15 @@ def _auto_sizes(units: int) -> list[int]:
     return sizes + [units] if units >= 1 else [1]
 
 
-def _why_not(cfg: SpeedupConfig, strategy: str, world: int, device: str, gpus: int, cores: int) -> str:
+def _why_not(cfg: SpeedupConfig, strategy: str, world: int, per_node: int, device: str, gpus: int,
+             cores: int) -> str:
+    where = "this machine has" if cfg.launcher == "local" else "a node of the cluster profile has"
     if strategy == "dp" and gpus < 2:
-        return f"nn.DataParallel needs >= 2 CUDA devices; this machine has {gpus}"
-    if device == "cuda" and world > gpus:
-        return f"needs {world} GPUs; this machine has {gpus}"
-    if device == "cpu" and world > cores:
-        return f"needs {world} processes of >= 1 core each; this machine has {cores} cores"
+        return f"nn.DataParallel needs >= 2 CUDA devices; {where} {gpus}"
+    if device == "cuda" and per_node > gpus:
+        return f"needs {per_node} GPUs per node; {where} {gpus}"
+    if device == "cpu" and per_node > cores:
+        return f"needs {per_node} processes of >= 1 core each per node; {where} {cores} cores"
     if cfg.scaling == "strong" and cfg.batch_size % world:
         return f"strong scaling: batch_size {cfg.batch_size} does not split evenly over {world} ranks"
     return ""
@@ -133,9 +142,19 @@ def run_cell(kind: str, cell: Cell, spec: dict[str, Any], folder: Path) -> dict[
     return {"status": "ok", **json.loads(out_path.read_text())}
 
 
-def run_pending(cfg: SpeedupConfig, cells: list[Cell], folder: Path, keys: dict[str, str]) -> dict[str, dict]:
+def measure(params: Params, items: list[tuple[str, Cell, dict[str, Any]]], folder: Path) -> list[dict[str, Any]]:
+    """Runs (kind, cell, spec) items: one after another here, or submitted together to SLURM."""
+    if params.speedup.launcher == "slurm":
+        from scalelab import slurm
+
+        return slurm.run_cells(params, items)
+    return [run_cell(kind, cell, spec, folder) for kind, cell, spec in items]
+
+
+def run_pending(params: Params, cells: list[Cell], folder: Path, keys: dict[str, str]) -> dict[str, dict]:
     """Measures every runnable cell whose cached result is missing or stale."""
     results: dict[str, dict] = {}
+    pending = []
     for cell in cells:
         cached = _cached(folder / f"{cell.name}.json", keys[cell.name])
         if cell.skipped:
@@ -143,11 +162,14 @@ def run_pending(cfg: SpeedupConfig, cells: list[Cell], folder: Path, keys: dict[
         elif cached:
             results[cell.name] = {**cached, "cached": True}
         else:
-            result = {**run_cell("steps", cell, _spec(cfg, cell), folder), "key": keys[cell.name]}
-            if result["status"] == "ok":
-                atomic_write_json(folder / f"{cell.name}.json", result)
-            results[cell.name] = {**result, "cached": False}
-    return results
+            pending.append(cell)
+    measured = measure(params, [("steps", c, _spec(params.speedup, c)) for c in pending], folder)
+    for cell, result in zip(pending, measured):
+        result = {**result, "key": keys[cell.name]}
+        if result["status"] == "ok":
+            atomic_write_json(folder / f"{cell.name}.json", result)
+        results[cell.name] = {**result, "cached": False}
+    return {c.name: results[c.name] for c in cells}
 
 
 def _cached(path: Path, key: str) -> dict | None:
@@ -158,10 +180,11 @@ def _cached(path: Path, key: str) -> dict | None:
     return result if result.get("key") == key else None
 
 
-def measure_allreduce(cfg: SpeedupConfig, cells: list[Cell], results: dict[str, dict], folder: Path,
+def measure_allreduce(params: Params, cells: list[Cell], results: dict[str, dict], folder: Path,
                       code: str, hardware: dict[str, str]) -> dict | None:
     """The all-reduce microbenchmark at the largest measured ddp world size, with the model's
     gradient size; cached like a cell."""
+    cfg = params.speedup
     ddp = [c for c in cells if c.strategy == "ddp" and results[c.name]["status"] == "ok" and c.world_size > 1]
     if not ddp:
         return None
@@ -172,7 +195,7 @@ def measure_allreduce(cfg: SpeedupConfig, cells: list[Cell], results: dict[str, 
     cached = _cached(path, key)
     if cached:
         return cached
-    result = run_cell("allreduce", cell, {**_spec(cfg, cell), "grad_bytes": grad_bytes}, folder)
+    result = measure(params, [("allreduce", cell, {**_spec(cfg, cell), "grad_bytes": grad_bytes})], folder)[0]
     if result["status"] != "ok":
         log.warning("all-reduce benchmark failed: %s", result["reason"])
         return None
@@ -181,10 +204,27 @@ def measure_allreduce(cfg: SpeedupConfig, cells: list[Cell], results: dict[str, 
     return result
 
 
-def hardware() -> dict[str, str]:
+def hardware(params: Params) -> dict[str, str]:
+    """What the cells run on: this machine, or the SLURM profile's nodes."""
+    if params.speedup.launcher == "slurm":
+        from scalelab import slurm
+
+        profile = slurm.load_profile(params.slurm.profile)
+        return {"slurm.profile": params.slurm.profile, "slurm.partition": profile.partition,
+                "env.cpu_cores": str(profile.cpus_per_node), "env.gpus_per_node": str(profile.gpus_per_node)}
     env = provenance.environment()
     return {k: env[k] for k in ("env.host", "env.cpu", "env.cpu_cores", "env.torch") if k in env} | (
         {"env.gpus": env["env.gpus"]} if "env.gpus" in env else {})
+
+
+def capacity(params: Params) -> tuple[int, int, int]:
+    """(GPUs per node, cores per node, nodes) the cells may use."""
+    if params.speedup.launcher == "slurm":
+        from scalelab import slurm
+
+        profile = slurm.load_profile(params.slurm.profile)
+        return profile.gpus_per_node, profile.cpus_per_node, profile.max_nodes
+    return cuda_device_count(), cpu_count(), 1
 
 
 def run(params: Params, out_dir: str | Path) -> dict[str, Any]:
@@ -194,9 +234,9 @@ def run(params: Params, out_dir: str | Path) -> dict[str, Any]:
     cfg, out = params.speedup, Path(out_dir)
     folder = out / "cells"
     folder.mkdir(parents=True, exist_ok=True)
-    cells = plan(cfg, cuda_device_count(), cpu_count())
-    code, hw = code_hash(), hardware()
+    cells = plan(cfg, *capacity(params))
+    code, hw = code_hash(), hardware(params)
     keys = {c.name: cell_key(cfg, c, code, hw) for c in cells}
-    results = run_pending(cfg, cells, folder, keys)
-    comm = measure_allreduce(cfg, cells, results, folder, code, hw)
+    results = run_pending(params, cells, folder, keys)
+    comm = measure_allreduce(params, cells, results, folder, code, hw)
     return study_report.write(params, cells, results, comm, hw, out)

@@ -96,7 +96,7 @@ def _setup_label(row: pd.Series) -> str:
         return f"single process ({unit})"
     unit = "GPUs" if row.device == "cuda" else "processes"
     name = "DataParallel" if row.strategy == "dp" else "DDP"
-    return f"{name}, {row.world_size} {unit}"
+    return f"{name}, {row.world_size} {unit}" + (f" on {row.nodes} nodes" if row.nodes > 1 else "")
 
 
 def article_table(frame: pd.DataFrame) -> str:

@@ -98,7 +98,7 @@ def submit(args: argparse.Namespace) -> int:
                                          tags={"scalelab.kind": "sweep", "scalelab.sweep": args.name})
     parent.log_params({"overrides": " ".join(args.set), "elements": len(elements)})
     jobs, manifest = [], {"name": args.name, "parent_run_id": parent.run_id, "elements": []}
-    ex = slurm.executor(base, profile, name=f"sweep-{args.name}")
+    ex = slurm.train_executor(base, profile, name=f"sweep-{args.name}")
     ex.update_parameters(slurm_array_parallelism=base.sweep.array_parallelism)
     with ex.batch():
         for i, (overrides, raw, params) in enumerate(elements):

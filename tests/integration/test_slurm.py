@@ -100,3 +100,23 @@ def test_preemption_checkpoints_requeues_and_resumes_into_the_same_run(workdir, 
     run_cli("train", "--params", "local.yaml", "--data", str(prepared_digits), "--out", "ref", cwd=workdir)
     got, ref = weights(workdir / "out/model.pt"), weights(workdir / "ref/model.pt")
     assert all(torch.equal(got[k], ref[k]) for k in ref)
+
+
+def test_speedup_study_cells_run_as_slurm_jobs_across_two_nodes(workdir, slurm_cluster):
+    import pandas as pd
+
+    from test_speedup import TINY
+
+    (workdir / "slurm").symlink_to(BIN.parents[1] / "slurm")
+    write_params(workdir / "params.yaml", tiny_params(
+        speedup={**TINY, "launcher": "slurm", "device": "cpu", "strategies": ["single", "ddp"],
+                 "world_sizes": [2], "nodes": [2]},
+        slurm={"poll_interval_s": 1.0}))
+    out = run_cli("speedup", "--out", "results/speedup", cwd=workdir, env=slurm_cluster).stdout
+    assert "submitted 3 study cells as SLURM jobs" in out   # single-t1, single-t2, ddp-n2-w2 together
+    frame = pd.read_csv(workdir / "results/speedup/speedup.csv").set_index("name")
+    assert list(frame.index) == ["single-t1", "single-t2", "ddp-n2-w2"]
+    assert (frame.status == "ok").all(), frame.reason.to_dict()
+    assert frame.loc["ddp-n2-w2", "nodes"] == 2 and frame.loc["ddp-n2-w2", "world_size"] == 2
+    assert frame.loc["ddp-n2-w2", "predicted_efficiency"] > 0     # the all-reduce ran on SLURM too
+    assert "DDP, 2 processes on 2 nodes" in (workdir / "results/speedup/speedup.md").read_text()
