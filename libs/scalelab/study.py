@@ -27,7 +27,9 @@ from scalelab.io import atomic_write_json
 from scalelab.params import Params, SpeedupConfig, cpu_count, cuda_device_count
 
 log = logging.getLogger(__name__)
-PACKAGE_DIRS = (Path(__file__).parent, Path(__file__).parents[2] / "experiments")
+# the code a cell's measurement runs: a change here re-measures every cell
+CELL_CODE = [Path(__file__).parent / f"{m}.py" for m in ("bench", "engine", "strategy", "dist", "seeds", "workloads")]
+EXPERIMENTS = Path(__file__).parents[2] / "experiments"
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,11 +97,10 @@ def _why_not(cfg: SpeedupConfig, strategy: str, world: int, per_node: int, devic
 
 
 def code_hash() -> str:
-    """Hash of the scalelab and experiments sources: a code change re-measures every cell."""
+    """Hash of the code that cells run (CELL_CODE and the workloads)."""
     digest = hashlib.sha256()
-    for folder in PACKAGE_DIRS:
-        for path in sorted(folder.rglob("*.py")):
-            digest.update(path.read_bytes())
+    for path in CELL_CODE + sorted(EXPERIMENTS.rglob("*.py")):
+        digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 
