@@ -25,8 +25,9 @@ repro: setup
 test: setup
 	$(BIN)/pytest
 
+# The embedded store, mlflow.db. (A shared server from `make mlflow-server` serves its own UI.)
 ui: setup
-	$(BIN)/mlflow ui --backend-store-uri "$${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlflow.db}" --host $(HOST) --port $(PORT)
+	$(BIN)/mlflow ui --backend-store-uri "sqlite:///$(CURDIR)/mlflow.db" --host $(HOST) --port $(PORT) --workers 1
 
 # A shared tracking server (see slurm/README.md): binds 127.0.0.1 unless HOST is given.
 mlflow-server: setup

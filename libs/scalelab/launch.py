@@ -24,6 +24,9 @@ def worker_env(params: Params) -> dict[str, str]:
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = str(params.train.threads_per_process)
     env["MLFLOW_TRACKING_URI"] = tracking.tracking_uri()
+    if env["MLFLOW_TRACKING_URI"].startswith("http"):  # give up on a dead server in ~30 s, not ~4 min
+        env.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "4")
+        env.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 

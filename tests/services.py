@@ -1,0 +1,216 @@
+"""Real services for tests: PostgreSQL, MLflow servers and headless Chromium.
+
+Each one runs on a free loopback port in a temporary folder and is stopped afterwards. A missing
+Debian package is installed with apt-get when the tests run as root (as in CI); otherwise the test
+skips and says what is missing. Import the fixtures from here into the test module that uses them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import BIN, REPO
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_PACKAGES = ("chromium", "fonts-liberation", "fonts-dejavu-core")
+# No network, no GPU, no sandbox (root in a container); nothing downloaded behind our back.
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+POSTGRES_GLOB = "/usr/lib/postgresql/*/bin/initdb"
+START_TIMEOUT_S = 240  # a first MLflow start creates its tables; slow on a busy 2-core machine
+
+
+def free_port() -> int:
+    """A TCP port that nothing listens on at 127.0.0.1 right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def apt_install(*packages: str) -> None:
+    """apt-get install, refreshing the package lists once if the first try fails (root only)."""
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages]
+    if subprocess.run(cmd, env=env, capture_output=True).returncode == 0:
+        return
+    subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, check=True)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+
+
+def tail(path: Path, num_chars: int = 4000) -> str:
+    return path.read_text(errors="replace")[-num_chars:] if path.is_file() else f"({path} is missing)"
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The local addresses on which some process listens on TCP `port`."""
+    import psutil
+
+    return {c.laddr.ip for c in psutil.net_connections("inet")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+
+
+@dataclass(frozen=True)
+class Service:
+    """A started server: its URL, port, process and log file."""
+
+    url: str
+    port: int
+    proc: subprocess.Popen
+    log: Path
+
+
+@contextmanager
+def serve(cmd: list[str], port: int, log: Path, *, env: dict[str, str] | None = None,
+          timeout_s: float = START_TIMEOUT_S) -> Iterator[Service]:
+    """Starts `cmd` in its own process group, waits for GET /health, and stops the group at exit."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for_health(url, proc, log, timeout_s)
+        yield Service(url, port, proc, log)
+    finally:
+        stop_group(proc)
+
+
+def wait_for_health(url: str, proc: subprocess.Popen, log: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"{proc.args} exited {proc.returncode} before serving:\n{tail(log)}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"{url}/health did not answer within {timeout_s:.0f} s:\n{tail(log)}")
+
+
+def stop_group(proc: subprocess.Popen, timeout_s: float = 20) -> None:
+    """SIGTERM to the process group (server and its workers), SIGKILL if it lingers."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=timeout_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def mlflow_server_script(backend_uri: str, artifacts: Path, log: Path, **env: str):
+    """slurm/mlflow-server.sh with its defaults (HOST left unset: it must bind 127.0.0.1)."""
+    port = free_port()
+    full_env = {k: v for k, v in os.environ.items() if k not in ("HOST", "MLFLOW_TRACKING_URI")}
+    full_env.update(PORT=str(port), BACKEND_STORE_URI=backend_uri, ARTIFACTS_DESTINATION=str(artifacts),
+                    WORKERS="1", **env)
+    return serve([str(REPO / "slurm/mlflow-server.sh")], port, log, env=full_env)
+
+
+def mlflow_ui(store_uri: str, log: Path):
+    """What `make ui` runs, on a free loopback port, with one worker (one browser; starts faster)."""
+    port = free_port()
+    cmd = [str(BIN / "mlflow"), "ui", "--backend-store-uri", store_uri, "--host", "127.0.0.1",
+           "--port", str(port), "--workers", "1"]
+    return serve(cmd, port, log, env={k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"})
+
+
+@dataclass(frozen=True)
+class Postgres:
+    """A running PostgreSQL cluster with one database for MLflow (trust auth, loopback only)."""
+
+    port: int
+    user: str = "postgres"
+    database: str = "mlflow"
+
+    @property
+    def uri(self) -> str:
+        return f"postgresql://{self.user}@127.0.0.1:{self.port}/{self.database}"
+
+
+def postgres_bin() -> Path | None:
+    found = sorted(Path("/").glob(POSTGRES_GLOB.lstrip("/")), key=lambda p: int(p.parts[-3]))
+    return found[-1].parent if found else None
+
+
+@pytest.fixture(scope="session")
+def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Postgres]:
+    """A PostgreSQL server of its own in a temporary folder (Debian's `postgresql`).
+
+    As root, initdb and pg_ctl run as the `postgres` user (PostgreSQL refuses root), in a folder
+    that user owns outside pytest's private temp tree.
+    """
+    if postgres_bin() is None:
+        if not is_root():
+            pytest.skip(f"needs Debian's postgresql package (no {POSTGRES_GLOB}); install it, or run "
+                        "the tests as root so they install it")
+        apt_install("postgresql")
+    bindir = postgres_bin()
+    assert bindir is not None, f"apt-get installed postgresql but {POSTGRES_GLOB} is missing"
+    if is_root():
+        data = Path(tempfile.mkdtemp(prefix="scalelab-pg-"))
+        shutil.chown(data, "postgres", "postgres")
+        as_owner = ["runuser", "-u", "postgres", "--"]
+    else:
+        data, as_owner = tmp_path_factory.mktemp("postgres"), []
+    port = free_port()
+
+    def pg(tool: str, *args: str) -> None:
+        proc = subprocess.run([*as_owner, str(bindir / tool), *args], capture_output=True, text=True,
+                              timeout=180)
+        assert proc.returncode == 0, f"{tool} {' '.join(args)} exited {proc.returncode}:\n" \
+                                     f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}\n{tail(data / 'server.log')}"
+
+    pg("initdb", "-D", str(data / "db"), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
+    # TCP on loopback only; the Unix socket goes into our own folder, not /var/run/postgresql.
+    pg("pg_ctl", "-D", str(data / "db"), "-l", str(data / "server.log"), "-w", "-t", "120",
+       "-o", f"-c listen_addresses=127.0.0.1 -p {port} -k {data} -c fsync=off", "start")
+    try:
+        pg("createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "mlflow")
+        yield Postgres(port)
+    finally:
+        subprocess.run([*as_owner, str(bindir / "pg_ctl"), "-D", str(data / "db"), "-m", "fast", "-w",
+                        "stop"], capture_output=True, timeout=120)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[object]:
+    """Headless Debian Chromium driven by Playwright (never `playwright install`: no download)."""
+    if not CHROMIUM.exists():
+        if not is_root():
+            pytest.skip(f"needs Debian's chromium package ({CHROMIUM}); install it, or run the tests "
+                        "as root so they install it")
+        apt_install(*CHROMIUM_PACKAGES)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
