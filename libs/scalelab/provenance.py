@@ -4,8 +4,8 @@
 texts logged as artifacts under `provenance/`:
 
 - code: `git.commit`, `git.branch`, `git.dirty` (tracked changes against HEAD), `git.untracked`;
-  `dirty.diff` (tracked changes) and `untracked.diff` (new files git does not ignore, each up to
-  UNTRACKED_MAX_BYTES), both applicable with `git apply`;
+  `dirty.diff` (tracked changes) and `untracked.diff` (new files git does not ignore: the first
+  UNTRACKED_MAX_FILES, each up to UNTRACKED_MAX_BYTES), both applicable with `git apply`;
 - data: `data.path`, `data.md5` (DVC's hash of the data folder, recomputed from the files),
   `data.dvc_lock_md5` (what dvc.lock records for that path), `data.sha256.<file>` for every file,
   and `data-files.json` with the same sha256 map; `params.sha256` (see `params_digest`);
@@ -37,6 +37,7 @@ LAUNCH_VARS = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLU
                "SLURM_RESTART_COUNT", "SLURM_NNODES", "SUBMITIT_FOLDER", "TORCHELASTIC_RUN_ID",
                "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
 UNTRACKED_MAX_BYTES = 1 << 20
+UNTRACKED_MAX_FILES = 200  # one `git diff` each; the count in `git.untracked` is always complete
 NONE = "none"
 
 
@@ -65,43 +66,39 @@ def git_info(root: Path) -> tuple[dict[str, str], dict[str, str]]:
 def _untracked_diff(root: Path, paths: list[str]) -> str:
     """A `git apply`-able patch that creates each untracked file up to UNTRACKED_MAX_BYTES."""
     parts = []
-    for rel in sorted(paths):
+    for rel in sorted(paths)[:UNTRACKED_MAX_FILES]:
         if (root / rel).is_file() and (root / rel).stat().st_size <= UNTRACKED_MAX_BYTES:
             parts.append(_git(root, "diff", "--no-index", "--binary", "--", "/dev/null", rel, ok=(0, 1)) or "")
     return "".join(parts)
 
 
-def dvc_md5(path: Path) -> str:
-    """DVC's md5 of a file, or of a folder: md5 of the sorted [{md5, relpath}] JSON, plus '.dir'.
+def file_hashes(folder: Path) -> dict[str, tuple[str, str]]:
+    """{relative path: (md5, sha256)} for every file under `folder`, read once each."""
+    out = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        md5, sha = hashlib.md5(), hashlib.sha256()
+        with path.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                md5.update(chunk)
+                sha.update(chunk)
+        out[path.relative_to(folder).as_posix()] = (md5.hexdigest(), sha.hexdigest())
+    return out
 
-    The same value DVC 3 writes to dvc.lock for an output (no .dvcignore patterns applied).
-    """
-    if path.is_file():
-        return _file_hash(path, hashlib.md5())
-    entries = sorted(({"md5": _file_hash(p, hashlib.md5()), "relpath": p.relative_to(path).as_posix()}
-                      for p in path.rglob("*") if p.is_file()), key=lambda e: e["relpath"])
+
+def dvc_dir_md5(hashes: dict[str, tuple[str, str]]) -> str:
+    """DVC's md5 of a folder from `file_hashes`: md5 of the JSON list of {md5, relpath} sorted by
+    relpath, plus '.dir'; the value DVC 3 writes to dvc.lock (no .dvcignore patterns applied)."""
+    entries = [{"md5": md5, "relpath": rel} for rel, (md5, _) in sorted(hashes.items())]
     return hashlib.md5(json.dumps(entries, sort_keys=True).encode()).hexdigest() + ".dir"
-
-
-def _file_hash(path: Path, digest: Any) -> str:
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def file_sha256s(folder: Path) -> dict[str, str]:
-    """{relative path: sha256} for every file under `folder`."""
-    return {p.relative_to(folder).as_posix(): _file_hash(p, hashlib.sha256())
-            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def data_info(root: Path, data_dir: str | Path) -> tuple[dict[str, str], dict[str, str]]:
     """Tags and the `data-files.json` artifact that pin the data folder a run read."""
     folder = Path(data_dir).resolve()
     rel = os.path.relpath(folder, root) if folder.is_relative_to(root) else str(folder)
-    shas = file_sha256s(folder)
-    tags = {"data.path": Path(rel).as_posix(), "data.md5": dvc_md5(folder),
+    hashes = file_hashes(folder)
+    shas = {name: sha for name, (_, sha) in hashes.items()}
+    tags = {"data.path": Path(rel).as_posix(), "data.md5": dvc_dir_md5(hashes),
             **{f"data.sha256.{name}": sha for name, sha in shas.items()}}
     locked = dvc_lock_outs(root).get(tags["data.path"])
     if locked:
@@ -137,7 +134,7 @@ def environment() -> dict[str, str]:
             "cuda": torch.version.cuda or NONE,
             "cudnn": str(torch.backends.cudnn.version()) if cuda_ok and torch.backends.cudnn.is_available() else NONE,
             "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda_ok else NONE,
-            "host": socket.gethostname(), "platform": platform.platform(), "cpu": _cpu_model(),
+            "host": socket.gethostname(), "platform": platform.platform(), "cpu": cpu_model(),
             "cpu_cores": str(os.cpu_count())}
     if cuda_ok:  # this node's GPUs (the speedup study keys its cache on them); `nodes_tags` has all
         info["gpus"] = node_info()["gpus"]
@@ -162,7 +159,7 @@ def nodes_tags(nodes: list[dict[str, str]]) -> dict[str, str]:
             "env.gpus": "; ".join(f"{host}: {gpus}" for host, gpus in by_host.items())}
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

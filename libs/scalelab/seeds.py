@@ -16,6 +16,9 @@ import random
 import numpy as np
 import torch
 
+RANK_RULE = "numpy.random.SeedSequence(base, spawn_key=(rank,)).generate_state(1)[0]"
+WORKER_RULE = "numpy.random.SeedSequence(base, spawn_key=(rank, worker)).generate_state(1)[0]"
+
 
 def rank_seed(base: int, rank: int) -> int:
     return int(np.random.SeedSequence(base, spawn_key=(rank,)).generate_state(1)[0])
@@ -37,13 +40,24 @@ def ledger(base: int, world_size: int, num_workers: int, deterministic: bool) ->
     return {
         "base_seed": base,
         "model_init_seed": base,
+        "rank_seed_rule": RANK_RULE,
         "rank_seeds": {str(r): rank_seed(base, r) for r in range(world_size)},
-        "worker_seed_rule": "numpy.random.SeedSequence(base, spawn_key=(rank, worker)).generate_state(1)[0]",
+        "worker_seed_rule": WORKER_RULE,
+        "num_workers": num_workers,
         "worker_seeds": {f"{r}.{w}": worker_seed(base, r, w)
                          for r in range(world_size) for w in range(num_workers)},
         "sampler": "DistributedSampler(seed=base_seed).set_epoch(epoch)",
         "deterministic_algorithms": deterministic,
     }
+
+
+def ledger_params(ledger_: dict) -> dict[str, object]:
+    """The ledger as flat MLflow params: seed.base, seed.rank.N, the rules and the flags."""
+    return {"seed.base": ledger_["base_seed"], "seed.model_init": ledger_["model_init_seed"],
+            **{f"seed.rank.{r}": s for r, s in ledger_["rank_seeds"].items()},
+            "seed.rank_rule": ledger_["rank_seed_rule"], "seed.worker_rule": ledger_["worker_seed_rule"],
+            "seed.num_workers": ledger_["num_workers"], "seed.sampler": ledger_["sampler"],
+            "seed.deterministic": ledger_["deterministic_algorithms"]}
 
 
 def rng_state() -> dict:

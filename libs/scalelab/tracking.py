@@ -1,9 +1,15 @@
 """Experiment tracking behind a small interface: a no-op tracker and the MLflow one.
 
 The training loop only ever calls a `Tracker`. Global rank 0 holds the MLflow tracker; every other
-rank holds a `NullTracker`. Metrics are buffered in memory and sent with one `log_batch` call per
-flush (the engine flushes at each checkpoint and at the end), so the hot loop makes no MLflow call.
-A failed flush keeps the metrics buffered and retries at the next flush.
+rank holds a `NullTracker`. `log_metrics` only appends a tuple to a list, so the hot loop makes no
+MLflow call. At each checkpoint the engine calls `flush(wait=False)`, which hands the list to a
+writer process (scalelab.metric_writer) that stores it with `log_batch` and retries on failure,
+and returns at once; the metrics not yet confirmed (`pending_metrics()`) go into the checkpoint,
+so a job killed while the writer is busy re-sends them on resume (`replay_metrics`; SQL stores
+drop the exact duplicates this can give). `flush()` (wait=True) blocks until everything is stored,
+in this process when no writer runs (evaluation, the study). `finish()` flushes, waits at most
+about FINISH_WAIT_S and sets the status: `train.run` calls it on success and on failure alike, so
+a killed run ends KILLED or FAILED, never RUNNING.
 
 The store is `MLFLOW_TRACKING_URI` when set, else `mlflow.db` (SQLite) at the repository root.
 """
@@ -18,10 +24,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from scalelab.metric_writer import ProcessWriter, Row as MetricRow, store
+
 log = logging.getLogger(__name__)
 PARAM_MAX_CHARS = 6000
-BATCH_METRICS = 1000  # MLflow's limit per log_batch call
 BATCH_PARAMS = 100
+FINISH_WAIT_S = 20.0  # finish() takes at most about this long (torchrun SIGKILLs 30 s after SIGTERM)
 
 
 def repo_root(start: str | Path | None = None) -> Path:
@@ -46,7 +54,10 @@ class Tracker:
     def log_artifact(self, path: str | Path, folder: str | None = None) -> None: ...
     def log_dict(self, obj: Any, name: str) -> None: ...
     def log_text(self, text: str, name: str) -> None: ...
-    def flush(self) -> None: ...
+    def flush(self, wait: bool = True) -> None: ...
+    def pending_metrics(self) -> list[MetricRow]:
+        return []
+    def replay_metrics(self, rows: list[MetricRow]) -> None: ...
     def finish(self, status: str = "FINISHED") -> None: ...
 
 
@@ -59,7 +70,8 @@ class MlflowTracker(Tracker):
     def __init__(self, client: Any, run_id: str) -> None:
         self.client = client
         self.run_id = run_id
-        self._metrics: list[Any] = []
+        self._metrics: list[MetricRow] = []  # logged, not yet handed to a writer
+        self._writer: ProcessWriter | None = None  # started by the first flush(wait=False)
 
     @classmethod
     def open(cls, experiment: str, *, run_name: str, tags: dict[str, Any] | None = None,
@@ -95,13 +107,13 @@ class MlflowTracker(Tracker):
     def set_tags(self, tags: dict[str, Any]) -> None:
         from mlflow.entities import RunTag
 
-        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        items = [RunTag(k, str(v)) for k, v in sorted(tags.items())]
+        for i in range(0, len(items), BATCH_PARAMS):
+            self.client.log_batch(self.run_id, tags=items[i:i + BATCH_PARAMS])
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        from mlflow.entities import Metric
-
         now = int(time.time() * 1000)
-        self._metrics += [Metric(k, float(v), now, step) for k, v in metrics.items()]
+        self._metrics += [(k, float(v), now, step) for k, v in metrics.items()]
 
     def log_artifact(self, path: str | Path, folder: str | None = None) -> None:
         self.client.log_artifact(self.run_id, str(path), folder)
@@ -115,23 +127,58 @@ class MlflowTracker(Tracker):
             path.write_text(text)
             self.log_artifact(path, str(Path(name).parent) if Path(name).parent != Path(".") else None)
 
-    def flush(self) -> None:
-        """Sends buffered metrics; on failure keeps them for the next flush."""
-        while self._metrics:
-            chunk = self._metrics[:BATCH_METRICS]
-            try:
-                self.client.log_batch(self.run_id, metrics=chunk)
-            except Exception as exc:  # the server may be briefly down: retry at the next flush
-                log.warning("MLflow log_batch failed (%s); %d metrics kept for retry", exc, len(self._metrics))
+    @property
+    def writer_pid(self) -> int | None:
+        """The writer process's pid once a flush(wait=False) started it (for benchmarks)."""
+        return self._writer.pid if self._writer is not None else None
+
+    def _async_writer(self) -> ProcessWriter:
+        if self._writer is None:
+            self._writer = ProcessWriter(self.client.tracking_uri, self.run_id)
+        return self._writer
+
+    def flush(self, wait: bool = True, timeout_s: float = FINISH_WAIT_S) -> None:
+        """Sends buffered metrics. Without `wait`, hands them to the writer process and returns at
+        once; with it, blocks until they are stored (or `timeout_s` passes) and logs in this
+        process when no writer runs."""
+        if self._metrics and (not wait or self._writer is not None):
+            self._async_writer().submit(self._metrics)
+            self._metrics = []
+        if not wait:
+            return
+        if self._writer is not None and not self._writer.drain(timeout_s):
+            if self._writer.alive():
+                log.warning("%d metrics not yet stored after %.0f s", len(self._writer.pending()), timeout_s)
                 return
-            del self._metrics[:len(chunk)]
+            self._metrics = self._writer.take_pending() + self._metrics  # the writer died: send here
+        if self._metrics and store(self.client, self.run_id, self._metrics, attempts=1):
+            self._metrics = []
+
+    def pending_metrics(self) -> list[MetricRow]:
+        """Metrics logged but not yet confirmed stored, oldest first (for checkpoints)."""
+        return (self._writer.pending() if self._writer else []) + list(self._metrics)
+
+    def replay_metrics(self, rows: list[MetricRow]) -> None:
+        """Queues metrics saved by `pending_metrics()` in an earlier try, with their timestamps."""
+        if rows:
+            self._async_writer().submit([tuple(r) for r in rows])
 
     def finish(self, status: str = "FINISHED") -> None:
-        for delay_s in (0, 1, 2, 4, 8):
-            time.sleep(delay_s)
-            self.flush()
-            if not self._metrics:
+        """Stores what is buffered (waiting at most ~FINISH_WAIT_S in all), then sets the status."""
+        deadline = time.monotonic() + FINISH_WAIT_S
+        self.flush(wait=True, timeout_s=FINISH_WAIT_S / 2)
+        if self._writer is not None:
+            self._writer.close(timeout_s=2.0)
+            self._metrics = self._writer.take_pending() + self._metrics
+            self._writer = None
+        for delay_s in (0.0, 1.0, 2.0, 4.0):
+            if not self._metrics or time.monotonic() + delay_s > deadline:
                 break
+            time.sleep(delay_s)
+            if store(self.client, self.run_id, self._metrics, attempts=1):
+                self._metrics = []
+        if self._metrics:
+            log.warning("%d metrics could not be stored in MLflow", len(self._metrics))
         self.client.set_terminated(self.run_id, status=status)
 
 

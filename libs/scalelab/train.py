@@ -1,20 +1,26 @@
 """One training job on every rank: resume, loop, checkpoint, track, write results/train/.
 
 `run()` is what each process executes (under torchrun, srun or alone). Global rank 0 alone writes
-shared files and talks to MLflow; the others hold a no-op tracker.
+shared files and talks to MLflow; the others hold a no-op tracker. Rank 0 broadcasts the run id,
+and local rank 0 of every node logs that node's system metrics into it (scalelab.sysmetrics).
+Whatever ends the job, the run gets a final status: FINISHED, KILLED (SIGTERM, Ctrl-C, a
+preemption stop) or FAILED (any other exception), after the buffered metrics are flushed.
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from tqdm import tqdm
 
-from scalelab import data, dist, engine, profiling, provenance, seeds, strategy, tracking, workloads
+from scalelab import data, dist, engine, profiling, provenance, seeds, strategy, sysmetrics, tracking, workloads
 from scalelab.checkpoint import Checkpointer
 from scalelab.config import flatten, to_dict
 from scalelab.io import atomic_write_bytes, atomic_write_json
@@ -25,6 +31,7 @@ log = logging.getLogger(__name__)
 RUN_FILE = "run.json"      # the MLflow run id, read by evaluate
 MODEL_FILE = "model.pt"
 METRICS_FILE = "metrics.json"
+PENDING_KEY = "pending_metrics"  # checkpoint entry: metrics not yet confirmed stored in MLflow
 
 
 def run_name(params: Params, world_size: int) -> str:
@@ -32,32 +39,39 @@ def run_name(params: Params, world_size: int) -> str:
     return f"{t.strategy}-w{world_size}-{t.precision}-seed{t.seed}"
 
 
-def open_tracker(params: Params, env: dist.DistEnv, ckpt: Checkpointer) -> tracking.Tracker:
+def open_tracker(params: Params, env: dist.DistEnv, ckpt: Checkpointer, device: torch.device,
+                 data_dir: str | Path) -> tracking.Tracker:
     """Rank 0 opens (or resumes) the job's MLflow run; every other rank gets a no-op tracker."""
+    nodes = dist.all_gather_object(provenance.node_info())  # every rank: host name and GPUs
     tracker: tracking.Tracker = tracking.NullTracker()
     if env.is_main:
-        old_run = ckpt.claim(None)
+        old_run = ckpt.claim()
         if params.tracking.enabled:
             tags = {"scalelab.kind": "train", "scalelab.strategy": params.train.strategy,
-                    "scalelab.workload": params.train.workload}
+                    "scalelab.workload": params.train.workload, "scalelab.device": device.type}
             tracker = tracking.MlflowTracker.open(params.tracking.experiment, run_name=run_name(
-                params, env.world_size), tags=tags, run_id=old_run)
+                params, env.world_size), tags=tags, run_id=old_run or params.tracking.run_id or None)
             if old_run is None:
-                log_run_inputs(tracker, params, env)
+                if params.tracking.run_id:  # a run made in advance (sweep element): tag it here
+                    tracker.set_tags(tags)
+                log_run_inputs(tracker, params, env, nodes, data_dir)
+            else:  # a resumed job: record where and how often it restarted
+                tracker.set_tags(provenance.launcher_info())
         ckpt.record(tracker.run_id)
     dist.barrier()  # the checkpoint folder is settled before any rank reads it
     return tracker
 
 
-def log_run_inputs(tracker: tracking.Tracker, params: Params, env: dist.DistEnv) -> None:
+def log_run_inputs(tracker: tracking.Tracker, params: Params, env: dist.DistEnv,
+                   nodes: list[dict[str, str]], data_dir: str | Path) -> None:
     """Params of every stage, the seed ledger, provenance and the resolved config."""
     stages = {k: v for k, v in to_dict(params).items() if k != "speedup"}
     ledger = seeds.ledger(params.train.seed, env.world_size, params.train.num_workers,
                           params.train.deterministic)
-    seed_params = {f"seed.rank.{r}": s for r, s in ledger["rank_seeds"].items()}
-    tracker.log_params({**flatten(stages), **seed_params, "seed.base": params.train.seed,
-                        "world_size": env.world_size})
-    tags, artifacts = provenance.collect(tracking.repo_root())
+    tracker.log_params({**flatten(stages), **seeds.ledger_params(ledger), "world_size": env.world_size})
+    consumed = {"train": to_dict(params.train), "tracking": to_dict(params.tracking)}  # dvc.yaml: train
+    tags, artifacts = provenance.collect(tracking.repo_root(), data_dir=data_dir, nodes=nodes,
+                                         params_sections=consumed)
     tracker.set_tags(tags)
     tracker.log_dict(ledger, "seeds.json")
     tracker.log_dict(to_dict(params), "config.json")
@@ -74,14 +88,44 @@ def run(params: Params, data_dir: str | Path, out_dir: str | Path,
     manifest = data.verify(data_dir)
     ckpt = Checkpointer(out / "checkpoints", engine.fingerprint(params.train, manifest, env.world_size),
                         keep=params.train.keep_checkpoints)
-    tracker = open_tracker(params, env, ckpt)
-    try:
-        summary = _train(params, env, device, manifest, data_dir, out, ckpt, tracker, stop)
-    except BaseException as exc:
-        tracker.finish("KILLED" if isinstance(exc, (SystemExit, KeyboardInterrupt)) else "FAILED")
-        raise
-    tracker.finish("FINISHED" if not summary.get("preempted") else "KILLED")
+    if env.is_main and params.train.profile.enabled:
+        profiling.clear(out / "profile")  # an earlier run's traces must not be logged with this one
+    with _sigterm_once():
+        tracker = open_tracker(params, env, ckpt, device, data_dir)
+        monitor = sysmetrics.NodeMonitor(None)
+        try:
+            monitor = sysmetrics.start(dist.broadcast_object(tracker.run_id), env,
+                                       params.tracking.system_metrics_interval_s)
+            summary = _train(params, env, device, manifest, data_dir, out, ckpt, tracker, stop)
+        except BaseException as exc:
+            monitor.stop()
+            tracker.finish("KILLED" if isinstance(exc, (SystemExit, KeyboardInterrupt)) else "FAILED")
+            raise
+        monitor.stop()
+        tracker.finish("FINISHED" if not summary.get("preempted") else "KILLED")
     return summary
+
+
+@contextmanager
+def _sigterm_once() -> Iterator[None]:
+    """Lets the installed SIGTERM handler (signals.raise_on_sigterm) fire once: later SIGTERMs
+    are ignored, so that torchrun forwarding the same signal cannot interrupt the final flush and
+    status update. Torchrun sends SIGKILL 30 s later; finishing takes at most ~20 s."""
+    previous = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread() or not callable(previous):
+        yield
+        return
+
+    def once(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        previous(signum, frame)
+
+    signal.signal(signal.SIGTERM, once)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGTERM) is once:  # after a SIGTERM, keep ignoring repeats
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _train(params: Params, env: dist.DistEnv, device: torch.device, manifest: dict[str, Any],
@@ -94,7 +138,9 @@ def _train(params: Params, env: dist.DistEnv, device: torch.device, manifest: di
     wl = workloads.load(train.workload, train.model, input_shape=manifest["input_shape"],
                         num_classes=manifest["num_classes"])
     loop = engine.build_loop(train, wl, device)
-    step = engine.restore(ckpt.load_latest(), loop, train, env)
+    state = ckpt.load_latest()
+    step = engine.restore(state, loop, train, env)
+    tracker.replay_metrics((state or {}).get(PENDING_KEY, []))  # those the killed try may not have stored
     _, steps_per_epoch = engine.make_loader(x, y, train, env, 0, 0)
     if steps_per_epoch == 0:
         raise ValueError(f"train.batch_size = {train.batch_size} x grad_accum_steps x world size "
@@ -126,19 +172,30 @@ def _train(params: Params, env: dist.DistEnv, device: torch.device, manifest: di
                     tracker.log_metrics({"val_loss": val["loss"], "val_accuracy": val["accuracy"]}, step)
                 stopped = stop is not None and stop.everywhere(device)
                 if step % train.checkpoint_every_steps == 0 or step == total or stopped:
-                    state = engine.checkpoint_state(loop, epoch, tracker.run_id)
-                    if env.is_main:
-                        ckpt.save(step, state)
-                    tracker.flush()  # metrics reach MLflow with their checkpoint: no duplicates on resume
+                    _checkpoint(loop, epoch, step, env, ckpt, tracker)
                 if stopped:
                     break
     bar.close()
     summary = {"step": step, "total_steps": total, "preempted": stopped, "run_id": tracker.run_id,
                "rank_weight_sha256": dist.all_gather_object(weights_digest(loop.model)), **meter.summary()}
     if env.is_main and not stopped:
-        _write_outputs(params, loop, manifest, out, summary, tracker)
+        _write_outputs(params, loop, manifest, out, summary, tracker, env)
     dist.barrier()
     return summary
+
+
+def _checkpoint(loop: engine.Loop, epoch: int, step: int, env: dist.DistEnv, ckpt: Checkpointer,
+                tracker: tracking.Tracker) -> None:
+    """Saves a checkpoint (rank 0) holding the metrics MLflow has not yet confirmed.
+
+    The metrics go to the background writer without waiting; those still unconfirmed are saved
+    in the checkpoint, and a resume from it sends them again, so none is lost and none is logged
+    twice (SQL stores drop exact duplicates).
+    """
+    tracker.flush(wait=False)
+    state = engine.checkpoint_state(loop, epoch, tracker.run_id)
+    if env.is_main:
+        ckpt.save(step, {**state, PENDING_KEY: tracker.pending_metrics()})
 
 
 def weights_digest(model: torch.nn.Module) -> str:
@@ -153,7 +210,7 @@ def weights_digest(model: torch.nn.Module) -> str:
 
 
 def _write_outputs(params: Params, loop: engine.Loop, manifest: dict[str, Any], out: Path,
-                   summary: dict[str, Any], tracker: tracking.Tracker) -> None:
+                   summary: dict[str, Any], tracker: tracking.Tracker, env: dist.DistEnv) -> None:
     import io
 
     buf = io.BytesIO()
@@ -161,14 +218,14 @@ def _write_outputs(params: Params, loop: engine.Loop, manifest: dict[str, Any], 
                 "model_config": params.train.model, "input_shape": manifest["input_shape"],
                 "num_classes": manifest["num_classes"]}, buf)
     atomic_write_bytes(out / MODEL_FILE, buf.getvalue())
+    digests = summary["rank_weight_sha256"]
     metrics = {k: summary[k] for k in ("samples_per_s", "step_time_ms") if k in summary}
-    metrics["ranks_in_sync"] = float(len(set(summary["rank_weight_sha256"])) == 1)
+    metrics["ranks_in_sync"] = float(len(set(digests)) == 1)
     atomic_write_json(out / METRICS_FILE, {**metrics, "steps": summary["step"]})
     atomic_write_json(out / RUN_FILE, {"run_id": tracker.run_id, "experiment": params.tracking.experiment,
-                                       "rank_weight_sha256": summary["rank_weight_sha256"]})
+                                       "rank_weight_sha256": digests})
     tracker.log_metrics(metrics, summary["step"])
+    tracker.set_tags({"weights.sha256": digests[0], "weights.ranks_in_sync": str(len(set(digests)) == 1).lower()})
     tracker.log_artifact(out / METRICS_FILE)
-    profile_dir = out / "profile"
-    if profile_dir.is_dir():
-        for path in sorted(profile_dir.iterdir()):
-            tracker.log_artifact(path, "profile")
+    if params.train.profile.enabled:
+        profiling.log_artifacts(tracker, out / "profile", env.world_size, summary["step"])
