@@ -126,11 +126,11 @@ class SpeedupConfig:
     """The speedup study (stage `speedup`): strategies x world sizes, measured side by side."""
 
     workload: str = knob("mlp")
-    model: dict[str, Any] = knob({"hidden": [1024, 1024, 1024], "dropout": 0.0})
-    num_features: int = knob(1024, ge=1, doc="synthetic input width")
+    model: dict[str, Any] = knob({"hidden": [512, 512, 512], "dropout": 0.0})
+    num_features: int = knob(512, ge=1, doc="synthetic input width")
     num_classes: int = knob(10, ge=2)
     scaling: Literal["weak", "strong"] = knob("weak", doc="weak: fixed per-rank batch; strong: fixed global batch")
-    batch_size: int = knob(1024, ge=1, doc="per rank (weak) or global (strong)")
+    batch_size: int = knob(4096, ge=1, doc="per rank (weak) or global (strong)")
     precision: Precision = knob("fp32")
     strategies: list[Strategy] = knob(["single", "dp", "ddp"])
     world_sizes: list[int] | Literal["auto"] = knob("auto", doc="auto: 1..GPUs on CUDA, 1..cores on CPU")
