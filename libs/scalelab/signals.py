@@ -39,6 +39,9 @@ class Terminated(SystemExit):
 
 def raise_on_sigterm() -> None:
     def handler(signum: int, frame: FrameType | None) -> None:
+        # one shot: torchrun forwards SIGTERM again, and a repeat must not interrupt the final
+        # flush and status update (torchrun sends SIGKILL 30 s later; finishing takes <= ~20 s)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise Terminated(128 + signum)
 
     signal.signal(signal.SIGTERM, handler)

@@ -10,12 +10,9 @@ preemption stop) or FAILED (any other exception), after the buffered metrics are
 from __future__ import annotations
 
 import logging
-import signal
 import sys
-import threading
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -90,42 +87,19 @@ def run(params: Params, data_dir: str | Path, out_dir: str | Path,
                         keep=params.train.keep_checkpoints)
     if env.is_main and params.train.profile.enabled:
         profiling.clear(out / "profile")  # an earlier run's traces must not be logged with this one
-    with _sigterm_once():
-        tracker = open_tracker(params, env, ckpt, device, data_dir)
-        monitor = sysmetrics.NodeMonitor(None)
-        try:
-            monitor = sysmetrics.start(dist.broadcast_object(tracker.run_id), env,
-                                       params.tracking.system_metrics_interval_s)
-            summary = _train(params, env, device, manifest, data_dir, out, ckpt, tracker, stop)
-        except BaseException as exc:
-            monitor.stop()
-            tracker.finish("KILLED" if isinstance(exc, (SystemExit, KeyboardInterrupt)) else "FAILED")
-            raise
-        monitor.stop()
-        tracker.finish("FINISHED" if not summary.get("preempted") else "KILLED")
-    return summary
-
-
-@contextmanager
-def _sigterm_once() -> Iterator[None]:
-    """Lets the installed SIGTERM handler (signals.raise_on_sigterm) fire once: later SIGTERMs
-    are ignored, so that torchrun forwarding the same signal cannot interrupt the final flush and
-    status update. Torchrun sends SIGKILL 30 s later; finishing takes at most ~20 s."""
-    previous = signal.getsignal(signal.SIGTERM)
-    if threading.current_thread() is not threading.main_thread() or not callable(previous):
-        yield
-        return
-
-    def once(signum: int, frame: Any) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        previous(signum, frame)
-
-    signal.signal(signal.SIGTERM, once)
+    tracker = open_tracker(params, env, ckpt, device, data_dir)
+    monitor = sysmetrics.NodeMonitor(None)
     try:
-        yield
-    finally:
-        if signal.getsignal(signal.SIGTERM) is once:  # after a SIGTERM, keep ignoring repeats
-            signal.signal(signal.SIGTERM, previous)
+        monitor = sysmetrics.start(dist.broadcast_object(tracker.run_id), env,
+                                   params.tracking.system_metrics_interval_s)
+        summary = _train(params, env, device, manifest, data_dir, out, ckpt, tracker, stop)
+    except BaseException as exc:
+        monitor.stop()
+        tracker.finish("KILLED" if isinstance(exc, (SystemExit, KeyboardInterrupt)) else "FAILED")
+        raise
+    monitor.stop()
+    tracker.finish("FINISHED" if not summary.get("preempted") else "KILLED")
+    return summary
 
 
 def _train(params: Params, env: dist.DistEnv, device: torch.device, manifest: dict[str, Any],
