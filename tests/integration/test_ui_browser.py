@@ -92,6 +92,12 @@ def test_ui_shows_experiment_training_run_and_study(workdir, prepared_digits, br
             for name in children:
                 page.get_by_role("link", name=name, exact=True).wait_for()
             page.screenshot(path=shots / "3-runs-with-study.png")
+
+            # the study's artifacts open from the UI: the same endpoint its artifact viewer reads
+            get = f"{ui.url}/get-artifact?run_uuid={study.info.run_id}&path="
+            md = page.request.get(get + "speedup.md")
+            assert md.ok and "| setup | training time (s) | speedup |" in md.text()
+            assert page.request.get(get + "speedup.png").body()[:4] == b"\x89PNG"
         except Exception:
             page.screenshot(path=shots / "failure.png")
             raise
