@@ -55,6 +55,19 @@ def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None, check: boo
     return proc
 
 
+def training_pipeline(repo: Path, params: dict[str, Any], commit: bool = False) -> dict[str, Any]:
+    """Writes `params` without the speedup section and a dvc.yaml of prepare/train/evaluate only."""
+    params = {k: v for k, v in params.items() if k != "speedup"}
+    write_params(repo / "params.yaml", params)
+    stages = yaml.safe_load((repo / "dvc.yaml").read_text())
+    stages["stages"] = {k: v for k, v in stages["stages"].items() if k in ("prepare", "train", "evaluate")}
+    (repo / "dvc.yaml").write_text(yaml.safe_dump(stages, sort_keys=False))
+    if commit:
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qam", "tiny"],
+                       cwd=repo, check=True)
+    return params
+
+
 @pytest.fixture
 def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty folder with a dvc.yaml marker, so the MLflow store lands inside it."""

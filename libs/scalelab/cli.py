@@ -13,7 +13,6 @@ names the key or file, the value and the fix, before any process or MLflow run s
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path

@@ -15,7 +15,6 @@ import logging
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch

@@ -1,13 +1,12 @@
 """The real pipeline: `dvc repro` in a committed copy of the repo, MLflow read back from mlflow.db."""
 
 import json
-import subprocess
 
 import pytest
 import yaml
 from mlflow import MlflowClient
 
-from conftest import run_cli, write_params
+from conftest import run_cli, training_pipeline, write_params
 
 pytestmark = pytest.mark.integration
 
@@ -21,12 +20,8 @@ def only_train_run(repo):
 
 
 def test_dvc_repro_end_to_end(repo_copy):
-    params = yaml.safe_load((repo_copy / "params.yaml").read_text())
-    params.pop("speedup", None)  # the study has its own test; this one checks the training path
-    write_params(repo_copy / "params.yaml", params)
-    stages = yaml.safe_load((repo_copy / "dvc.yaml").read_text())
-    stages["stages"] = {k: v for k, v in stages["stages"].items() if k in ("prepare", "train", "evaluate")}
-    (repo_copy / "dvc.yaml").write_text(yaml.safe_dump(stages, sort_keys=False))
+    # the study has its own test; this one checks the training path with the default params
+    params = training_pipeline(repo_copy, yaml.safe_load((repo_copy / "params.yaml").read_text()))
     run_cli("dvc", "repro", cwd=repo_copy)
 
     metrics = json.loads((repo_copy / "results/eval/metrics.json").read_text())
@@ -59,14 +54,8 @@ def test_dvc_repro_end_to_end(repo_copy):
 
 def test_dvc_exp_run_with_set_param(repo_copy):
     params = yaml.safe_load((repo_copy / "params.yaml").read_text())
-    params.pop("speedup", None)
     params["train"].update(epochs=2, model={"hidden": [32], "dropout": 0.0})
-    write_params(repo_copy / "params.yaml", params)
-    stages = yaml.safe_load((repo_copy / "dvc.yaml").read_text())
-    stages["stages"] = {k: v for k, v in stages["stages"].items() if k in ("prepare", "train", "evaluate")}
-    (repo_copy / "dvc.yaml").write_text(yaml.safe_dump(stages, sort_keys=False))
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qam", "tiny"],
-                   cwd=repo_copy, check=True)
+    training_pipeline(repo_copy, params, commit=True)
     out = run_cli("dvc", "exp", "run", "-S", "train.lr=0.01", cwd=repo_copy).stdout
     assert "Running stage 'train'" in out
     shown = run_cli("dvc", "exp", "show", "--no-pager", "--csv", cwd=repo_copy).stdout

@@ -11,7 +11,7 @@ import torch
 import yaml
 from mlflow import MlflowClient
 
-from conftest import run_cli, tiny_params, write_params
+from conftest import run_cli, tiny_params, training_pipeline
 from scalelab import provenance, seeds
 from scalelab.config import build, to_dict
 from scalelab.params import TrackingConfig, TrainConfig
@@ -21,13 +21,7 @@ pytestmark = pytest.mark.integration
 
 def pipeline_without_study(repo):
     """Tiny params and dvc.yaml without the speedup stage, left uncommitted: a dirty tree."""
-    params = tiny_params(tracking={"system_metrics_interval_s": 2.0})
-    params.pop("speedup", None)
-    write_params(repo / "params.yaml", params)
-    stages = yaml.safe_load((repo / "dvc.yaml").read_text())
-    stages["stages"] = {k: v for k, v in stages["stages"].items() if k in ("prepare", "train", "evaluate")}
-    (repo / "dvc.yaml").write_text(yaml.safe_dump(stages, sort_keys=False))
-    return params
+    return training_pipeline(repo, tiny_params(tracking={"system_metrics_interval_s": 2.0}))
 
 
 def artifact(client, run_id, name, tmp_path):

@@ -4,23 +4,15 @@ import json
 import subprocess
 
 import pytest
-import yaml
 from mlflow import MlflowClient
 
-from conftest import run_cli, tiny_params, write_params
+from conftest import run_cli, tiny_params, training_pipeline
 
 pytestmark = pytest.mark.integration
 
 
 def test_reproduce_matches_then_names_an_altered_data_file(repo_copy):
-    params = tiny_params(tracking={"system_metrics_interval_s": 0})
-    params.pop("speedup", None)
-    write_params(repo_copy / "params.yaml", params)
-    stages = yaml.safe_load((repo_copy / "dvc.yaml").read_text())
-    stages["stages"] = {k: v for k, v in stages["stages"].items() if k in ("prepare", "train", "evaluate")}
-    (repo_copy / "dvc.yaml").write_text(yaml.safe_dump(stages, sort_keys=False))
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qam", "tiny"],
-                   cwd=repo_copy, check=True)
+    training_pipeline(repo_copy, tiny_params(tracking={"system_metrics_interval_s": 0}), commit=True)
     mlp = repo_copy / "experiments/mlp.py"  # a dirty tree: the diff must travel with the run
     mlp.write_text(mlp.read_text() + "\n# an uncommitted edit\n")
     run_cli("dvc", "repro", cwd=repo_copy, timeout=900)

@@ -26,7 +26,7 @@ def test_sweep_of_four_with_one_failing_element(workdir, prepared_digits, slurm_
     assert "submitted sweep 'lr': 4 elements as job array" in out
     manifest = json.loads((workdir / "results/sweeps/lr/manifest.json").read_text())
     assert len({e["job_id"].split("_")[0] for e in manifest["elements"]}) == 1   # one array
-    assert not all((p := workdir / "results/sweeps/lr" / f"{i:03d}" / "run.json").exists() for i in range(4))
+    assert not all((workdir / "results/sweeps/lr" / f"{i:03d}" / "run.json").exists() for i in range(4))
     assert submit_s < 60, f"submit blocked for {submit_s:.0f} s"
 
     deadline = time.time() + 600
