@@ -19,6 +19,16 @@ COLUMNS = ["name", "strategy", "world_size", "nodes", "threads_per_process", "de
            "speedup_vs_single_all", "efficiency", "predicted_efficiency", "status", "reason", "cached"]
 
 
+def measured_singles(frame: pd.DataFrame) -> pd.DataFrame:
+    """The measured single-process rows, fewest threads (the 1-thread baseline) first."""
+    return frame[(frame.strategy == "single") & (frame.status == "ok")].sort_values("threads_per_process")
+
+
+def grad_bytes_of(results: dict[str, dict]) -> int:
+    """The model's gradient size, from any measured cell."""
+    return next((r["grad_bytes"] for r in results.values() if r["status"] == "ok"), 0)
+
+
 def table(cfg: SpeedupConfig, cells: list, results: dict[str, dict], link: comm_model.Link | None) -> pd.DataFrame:
     """One row per cell; speedups against both single-process baselines."""
     rows = []
@@ -35,13 +45,13 @@ def table(cfg: SpeedupConfig, cells: list, results: dict[str, dict], link: comm_
                        step_time_ms_max=max(step), train_time_s=cfg.work_samples / statistics.median(sps))
         rows.append(row)
     frame = pd.DataFrame(rows).reindex(columns=COLUMNS)
-    singles = frame[(frame.strategy == "single") & (frame.status == "ok")].sort_values("threads_per_process")
+    singles = measured_singles(frame)
     for label, pick in (("single_t1", 0), ("single_all", -1)):
         base = singles.iloc[pick].samples_per_s_median if len(singles) else float("nan")
         frame[f"speedup_vs_{label}"] = frame.samples_per_s_median / base
     frame["speedup"] = frame[f"speedup_vs_{cfg.baseline.replace('-', '_')}"]
     frame["efficiency"] = frame.speedup / frame.world_size
-    grad_bytes = next((r["grad_bytes"] for r in results.values() if r["status"] == "ok"), 0)
+    grad_bytes = grad_bytes_of(results)
     frame["predicted_efficiency"] = [_predicted(cfg, row, singles, link, grad_bytes)
                                      for _, row in frame.iterrows()]
     return frame
@@ -61,7 +71,7 @@ def _predicted(cfg: SpeedupConfig, row: pd.Series, singles: pd.DataFrame,
 
 def predictions(cfg: SpeedupConfig, frame: pd.DataFrame, grad_bytes: float) -> pd.DataFrame:
     """Predicted efficiency at large world sizes under the named interconnect presets."""
-    singles = frame[(frame.strategy == "single") & (frame.status == "ok")].sort_values("threads_per_process")
+    singles = measured_singles(frame)
     if singles.empty:
         return pd.DataFrame()
     compute_1_s = singles.iloc[0].step_time_ms_median / 1000.0
@@ -128,7 +138,7 @@ def headline(cfg: SpeedupConfig, frame: pd.DataFrame) -> dict[str, Any]:
 def explain(cfg: SpeedupConfig, frame: pd.DataFrame, link: comm_model.Link | None, grad_bytes: float) -> str:
     """Why the figure is what it is, from the measured numbers."""
     lines = []
-    singles = frame[(frame.strategy == "single") & (frame.status == "ok")].sort_values("threads_per_process")
+    singles = measured_singles(frame)
     if link is not None and not singles.empty:
         compute_ms = singles.iloc[0].step_time_ms_median
         ddp = frame[(frame.strategy == "ddp") & (frame.status == "ok")]
@@ -188,7 +198,7 @@ def plot(frame: pd.DataFrame, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     ddp = frame[(frame.strategy == "ddp") & (frame.status == "ok")].sort_values("world_size")
-    singles = frame[(frame.strategy == "single") & (frame.status == "ok")].sort_values("threads_per_process")
+    singles = measured_singles(frame)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     if not ddp.empty and not singles.empty:
         base = singles.iloc[0].samples_per_s_median
@@ -217,14 +227,14 @@ def write(params: Params, cells: list, results: dict[str, dict], comm: dict | No
         link = comm_model.fit(comm["world_size"], [s["bytes"] for s in comm["sizes"]],
                               [s["median_s"] for s in comm["sizes"]])
     frame = table(cfg, cells, results, link)
-    grad_bytes = next((r["grad_bytes"] for r in results.values() if r["status"] == "ok"), 0)
+    grad_bytes = grad_bytes_of(results)
     preds = predictions(cfg, frame, grad_bytes)
     head = headline(cfg, frame)
     if link is not None:
         head.update(allreduce_bandwidth_gb_s=link.bandwidth_b_s / 1e9, allreduce_latency_us=link.latency_s * 1e6)
     frame.to_csv(out / "speedup.csv", index=False)
     ddp = frame[(frame.strategy == "ddp") & (frame.status == "ok")].sort_values("world_size")
-    base = frame[(frame.strategy == "single") & (frame.status == "ok")].sort_values("threads_per_process")
+    base = measured_singles(frame)
     scaling = pd.DataFrame({"workers": ddp.world_size, "measured": ddp.samples_per_s_median,
                             "ideal": ddp.world_size * (base.iloc[0].samples_per_s_median if len(base) else float("nan"))})
     scaling.to_csv(out / "scaling.csv", index=False)

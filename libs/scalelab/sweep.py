@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import itertools
 import json
 import re
@@ -62,8 +63,8 @@ def apply(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def plan(params_file: str, specs: list[str]) -> tuple[Params, list[tuple[dict, dict, Params]]]:
-    """Validates the base params and every element; returns (base, [(overrides, raw, params)])."""
+def plan(params_file: str, specs: list[str]) -> tuple[Params, list[tuple[dict, Params]]]:
+    """Validates the base params and every element; returns (base, [(overrides, params)])."""
     base = load_params(params_file)
     raw = read_yaml(params_file)
     grid = parse_overrides(specs)
@@ -73,9 +74,8 @@ def plan(params_file: str, specs: list[str]) -> tuple[Params, list[tuple[dict, d
                           f"({', '.join(SHAPE_KEYS)}); submit one sweep per shape")
     elements = []
     for overrides in expand(grid):
-        element_raw = apply(raw, overrides)
         try:
-            elements.append((overrides, element_raw, build(Params, element_raw)))
+            elements.append((overrides, build(Params, apply(raw, overrides))))
         except ConfigError as exc:
             raise ConfigError(f"sweep element {overrides}: {exc}") from None
     return base, elements
@@ -92,7 +92,7 @@ def submit(args: argparse.Namespace) -> int:
     base, elements = plan(args.params, args.set)
     data.verify(args.data)
     profile = slurm.load_profile(base.slurm.profile)
-    for _, _, params in elements:
+    for _, params in elements:
         slurm.preflight(params, profile, tracking.tracking_uri())
     parent = tracking.MlflowTracker.open(base.tracking.experiment, run_name=f"sweep-{args.name}",
                                          tags={"scalelab.kind": "sweep", "scalelab.sweep": args.name})
@@ -101,9 +101,9 @@ def submit(args: argparse.Namespace) -> int:
     ex = slurm.train_executor(base, profile, name=f"sweep-{args.name}")
     ex.update_parameters(slurm_array_parallelism=base.sweep.array_parallelism)
     with ex.batch():
-        for i, (overrides, raw, params) in enumerate(elements):
+        for i, (overrides, params) in enumerate(elements):
             child = _child_run(base, parent.run_id, args.name, i, overrides)
-            params = params.replace(tracking=build(type(params.tracking), {**raw.get("tracking", {}), "run_id": child}))
+            params = params.replace(tracking=dataclasses.replace(params.tracking, run_id=child))
             out = (folder / f"{i:03d}").resolve()
             jobs.append(ex.submit(slurm.TrainJob(params, str(Path(args.data).resolve()), str(out),
                                                  evaluate=base.sweep.evaluate)))
