@@ -16,21 +16,23 @@ class Config:
         from scalelab.config import ConfigError
 
         if not self.channels or min(self.channels) < 1:
-            raise ConfigError(f"{prefix}.channels = {self.channels} is not allowed: "
-                              "give one or more channel counts >= 1")
+            raise ConfigError(
+                f"{prefix}.channels = {self.channels} is not allowed: give one or more channel counts >= 1"
+            )
 
 
 def build_model(cfg: Config, *, input_shape: list[int], num_classes: int) -> nn.Module:
     if len(input_shape) != 3:
         from scalelab.config import ConfigError
 
-        raise ConfigError(f"workload 'cnn' needs image data (channels, height, width), got input "
-                          f"shape {input_shape}; use data.source = 'digits' or workload 'mlp'")
+        raise ConfigError(
+            f"workload 'cnn' needs image data (channels, height, width), got input "
+            f"shape {input_shape}; use data.source = 'digits' or workload 'mlp'"
+        )
     layers: list[nn.Module] = []
     in_ch = input_shape[0]
     for out_ch in cfg.channels:
         layers += [nn.Conv2d(in_ch, out_ch, 3, padding=1), nn.BatchNorm2d(out_ch), nn.ReLU()]
         in_ch = out_ch
-    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(cfg.dropout),
-               nn.Linear(in_ch, num_classes)]
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(cfg.dropout), nn.Linear(in_ch, num_classes)]
     return nn.Sequential(*layers)

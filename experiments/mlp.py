@@ -1,8 +1,7 @@
 """A multilayer perceptron on flat features (digits, synthetic or tabular data)."""
 
-from dataclasses import dataclass, field
-
 import math
+from dataclasses import dataclass, field
 
 from torch import nn
 
@@ -18,8 +17,7 @@ class Config:
         from scalelab.config import ConfigError
 
         if not self.hidden or min(self.hidden) < 1:
-            raise ConfigError(f"{prefix}.hidden = {self.hidden} is not allowed: "
-                              "give one or more layer widths >= 1")
+            raise ConfigError(f"{prefix}.hidden = {self.hidden} is not allowed: give one or more layer widths >= 1")
 
 
 def build_model(cfg: Config, *, input_shape: list[int], num_classes: int) -> nn.Module:

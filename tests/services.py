@@ -22,13 +22,21 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, REPO
+from helpers import BIN, REPO
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_PACKAGES = ("chromium", "fonts-liberation", "fonts-dejavu-core")
 # No network, no GPU, no sandbox (root in a container); nothing downloaded behind our back.
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
 POSTGRES_GLOB = "/usr/lib/postgresql/*/bin/initdb"
 START_TIMEOUT_S = 240  # a first MLflow start creates its tables; slow on a busy 2-core machine
 
@@ -64,8 +72,9 @@ def listening_addresses(port: int) -> set[str]:
     """The local addresses on which some process listens on TCP `port`."""
     import psutil
 
-    return {c.laddr.ip for c in psutil.net_connections("inet")
-            if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+    return {
+        c.laddr.ip for c in psutil.net_connections("inet") if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+    }
 
 
 @dataclass(frozen=True)
@@ -79,8 +88,9 @@ class Service:
 
 
 @contextmanager
-def serve(cmd: list[str], port: int, log: Path, *, env: dict[str, str] | None = None,
-          timeout_s: float = START_TIMEOUT_S) -> Iterator[Service]:
+def serve(
+    cmd: list[str], port: int, log: Path, *, env: dict[str, str] | None = None, timeout_s: float = START_TIMEOUT_S
+) -> Iterator[Service]:
     """Starts `cmd` in its own process group, waits for GET /health, and stops the group at exit."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as out:
@@ -126,16 +136,27 @@ def mlflow_server_script(backend_uri: str, artifacts: Path, log: Path, **env: st
     """slurm/mlflow-server.sh with its defaults (HOST left unset: it must bind 127.0.0.1)."""
     port = free_port()
     full_env = {k: v for k, v in os.environ.items() if k not in ("HOST", "MLFLOW_TRACKING_URI")}
-    full_env.update(PORT=str(port), BACKEND_STORE_URI=backend_uri, ARTIFACTS_DESTINATION=str(artifacts),
-                    WORKERS="1", **env)
+    full_env.update(
+        PORT=str(port), BACKEND_STORE_URI=backend_uri, ARTIFACTS_DESTINATION=str(artifacts), WORKERS="1", **env
+    )
     return serve([str(REPO / "slurm/mlflow-server.sh")], port, log, env=full_env)
 
 
 def mlflow_ui(store_uri: str, log: Path):
     """What `make ui` runs, on a free loopback port, with one worker (one browser; starts faster)."""
     port = free_port()
-    cmd = [str(BIN / "mlflow"), "ui", "--backend-store-uri", store_uri, "--host", "127.0.0.1",
-           "--port", str(port), "--workers", "1"]
+    cmd = [
+        str(BIN / "mlflow"),
+        "ui",
+        "--backend-store-uri",
+        store_uri,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
     return serve(cmd, port, log, env={k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"})
 
 
@@ -166,8 +187,10 @@ def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Postgres]:
     """
     if postgres_bin() is None:
         if not is_root():
-            pytest.skip(f"needs Debian's postgresql package (no {POSTGRES_GLOB}); install it, or run "
-                        "the tests as root so they install it")
+            pytest.skip(
+                f"needs Debian's postgresql package (no {POSTGRES_GLOB}); install it, or run "
+                "the tests as root so they install it"
+            )
         apt_install("postgresql")
     bindir = postgres_bin()
     assert bindir is not None, f"apt-get installed postgresql but {POSTGRES_GLOB} is missing"
@@ -180,21 +203,36 @@ def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Postgres]:
     port = free_port()
 
     def pg(tool: str, *args: str) -> None:
-        proc = subprocess.run([*as_owner, str(bindir / tool), *args], capture_output=True, text=True,
-                              timeout=180)
-        assert proc.returncode == 0, f"{tool} {' '.join(args)} exited {proc.returncode}:\n" \
-                                     f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}\n{tail(data / 'server.log')}"
+        proc = subprocess.run([*as_owner, str(bindir / tool), *args], capture_output=True, text=True, timeout=180)
+        assert proc.returncode == 0, (
+            f"{tool} {' '.join(args)} exited {proc.returncode}:\n"
+            f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}\n{tail(data / 'server.log')}"
+        )
 
     pg("initdb", "-D", str(data / "db"), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
     # TCP on loopback only; the Unix socket goes into our own folder, not /var/run/postgresql.
-    pg("pg_ctl", "-D", str(data / "db"), "-l", str(data / "server.log"), "-w", "-t", "120",
-       "-o", f"-c listen_addresses=127.0.0.1 -p {port} -k {data} -c fsync=off", "start")
+    pg(
+        "pg_ctl",
+        "-D",
+        str(data / "db"),
+        "-l",
+        str(data / "server.log"),
+        "-w",
+        "-t",
+        "120",
+        "-o",
+        f"-c listen_addresses=127.0.0.1 -p {port} -k {data} -c fsync=off",
+        "start",
+    )
     try:
         pg("createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "mlflow")
         yield Postgres(port)
     finally:
-        subprocess.run([*as_owner, str(bindir / "pg_ctl"), "-D", str(data / "db"), "-m", "fast", "-w",
-                        "stop"], capture_output=True, timeout=120)
+        subprocess.run(
+            [*as_owner, str(bindir / "pg_ctl"), "-D", str(data / "db"), "-m", "fast", "-w", "stop"],
+            capture_output=True,
+            timeout=120,
+        )
         shutil.rmtree(data, ignore_errors=True)
 
 
@@ -203,8 +241,9 @@ def browser() -> Iterator[object]:
     """Headless Debian Chromium driven by Playwright (never `playwright install`: no download)."""
     if not CHROMIUM.exists():
         if not is_root():
-            pytest.skip(f"needs Debian's chromium package ({CHROMIUM}); install it, or run the tests "
-                        "as root so they install it")
+            pytest.skip(
+                f"needs Debian's chromium package ({CHROMIUM}); install it, or run the tests as root so they install it"
+            )
         apt_install(*CHROMIUM_PACKAGES)
     from playwright.sync_api import sync_playwright
 

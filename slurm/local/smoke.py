@@ -4,6 +4,7 @@ Usage: SLURM_CONF=/tmp/scalelab-slurm/slurm.conf python slurm/local/smoke.py [FO
 Checks: a 2-node gloo DDP job, a job array with one failing element, and a
 USR2 preemption -> submitit checkpoint/requeue -> restart -> completion.
 """
+
 import os
 import subprocess
 import sys
@@ -15,8 +16,9 @@ import submitit
 
 
 def sacct_states(job_id: str) -> dict:
-    out = subprocess.run(["sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j", job_id],
-                         check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j", job_id], check=True, capture_output=True, text=True
+    ).stdout
     return dict(line.split("|", 1) for line in out.split())
 
 
@@ -75,8 +77,7 @@ class Preemptible:
 def main():
     folder = Path(sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="slurm-smoke-"))
     ex = submitit.AutoExecutor(folder=folder / "%j")
-    ex.update_parameters(nodes=2, tasks_per_node=1, cpus_per_task=1,
-                         slurm_partition="debug", timeout_min=5)
+    ex.update_parameters(nodes=2, tasks_per_node=1, cpus_per_task=1, slurm_partition="debug", timeout_min=5)
 
     # (b) 2-node DDP all_reduce
     t = time.time()
@@ -91,8 +92,9 @@ def main():
     # (c) array of 4, at most 2 at a time, element 2 raises
     t = time.time()
     ex_arr = submitit.AutoExecutor(folder=folder / "%j")
-    ex_arr.update_parameters(nodes=1, tasks_per_node=1, cpus_per_task=1,
-                             slurm_partition="debug", timeout_min=5, slurm_array_parallelism=2)
+    ex_arr.update_parameters(
+        nodes=1, tasks_per_node=1, cpus_per_task=1, slurm_partition="debug", timeout_min=5, slurm_array_parallelism=2
+    )
     jobs = ex_arr.map_array(maybe_fail, range(4))
     for i, j in enumerate(jobs):
         if i == 2:

@@ -1,0 +1,18 @@
+"""`scalelab cell-worker`: one rank of a study cell (started by `scalelab speedup`)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("kind", choices=["steps", "allreduce"])
+    parser.add_argument("--spec", required=True)
+    parser.add_argument("--out", required=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from scalelab.study import cell
+
+    cell.main(args.kind, args.spec, args.out)
+    return 0

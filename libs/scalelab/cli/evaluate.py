@@ -1,0 +1,24 @@
+"""`scalelab evaluate`: the trained model on the test split."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--train", required=True)
+    parser.add_argument("--out", required=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from scalelab.config import load_params
+    from scalelab.training import evaluation
+
+    m = evaluation.run(load_params(args.params), args.data, args.train, args.out)
+    print(
+        f"test accuracy {m['test_accuracy']:.4f}, test loss {m['test_loss']:.4f} "
+        f"on {m['num_test_samples']} samples -> {args.out}"
+    )
+    return 0

@@ -1,0 +1,38 @@
+"""`scalelab summary`: the pipeline's headline figures, and where to look."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--results", default="results")
+
+
+def run(args: argparse.Namespace) -> int:
+    print(summary(Path(args.results)))
+    return 0
+
+
+def _read(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def summary(results: Path) -> str:
+    """A few lines: accuracy, throughput, speedup, and where to look."""
+    ev, tr = _read(results / "eval" / "metrics.json"), _read(results / "train" / "metrics.json")
+    sp = _read(results / "speedup" / "speedup.json")
+    lines = ["scalelab pipeline summary"]
+    if ev:
+        lines.append(f"  test accuracy   {ev['test_accuracy']:.4f}  (results/eval/metrics.json)")
+    if tr.get("samples_per_s"):
+        lines.append(
+            f"  train throughput {tr['samples_per_s']:,.0f} samples/s, "
+            f"{tr['step_time_ms']:.2f} ms/step  (results/train/metrics.json)"
+        )
+    if sp:
+        lines.append(f"  speedup study   {sp.get('headline', '')}  (results/speedup/speedup.md)")
+    lines.append("  runs            make ui  ->  http://127.0.0.1:5000  (store: mlflow.db)")
+    return "\n".join(lines)

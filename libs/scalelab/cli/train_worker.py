@@ -1,0 +1,26 @@
+"""`scalelab train-worker`: one rank of a local training job (started by `scalelab train`)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--resolved", required=True, help="the job's resolved.json")
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--out", required=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from scalelab.training.submit import run_worker
+
+    summary = run_worker(args.resolved, args.data, args.out)
+    if summary.get("samples_per_s") and summary.get("run_id"):  # rank 0 holds the run
+        logging.getLogger("scalelab").info(
+            "trained %d steps: %.0f samples/s, %.2f ms/step",
+            summary["step"],
+            summary["samples_per_s"],
+            summary["step_time_ms"],
+        )
+    return 0

@@ -1,0 +1,214 @@
+"""The schema of params.yaml: one frozen dataclass per stage section.
+
+`load_params("params.yaml")` is the one entry point; every stage calls it before doing anything.
+Nothing here probes the machine: the job's shape is checked against the cores, GPUs or cluster
+profile by `scalelab.launch.shape.check_shape`, before any process or job starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from scalelab.config import registry
+from scalelab.config.loader import ConfigError, build, knob, read_yaml
+
+Strategy = Literal["single", "dp", "ddp"]
+Precision = Literal["fp32", "bf16", "fp16"]
+
+FROZEN = dict(frozen=True, kw_only=True, slots=True)
+
+
+@dataclass(**FROZEN)
+class TrackingConfig:
+    experiment: str = knob("scalelab", doc="MLflow experiment name")
+    enabled: bool = knob(True, doc="false uses the no-op tracker")
+    system_metrics_interval_s: float = knob(
+        10.0,
+        ge=0.0,
+        doc="seconds between system-metrics samples on each node (MLflow's SystemMetricsMonitor); 0 turns them off",
+    )
+    run_id: str = knob("", doc="log into this existing run (set by `scalelab sweep` per element)")
+
+
+@dataclass(**FROZEN)
+class SyntheticConfig:
+    num_samples: int = knob(4096, ge=10)
+    num_features: int = knob(32, ge=1)
+    num_classes: int = knob(10, ge=2)
+    noise: float = knob(1.0, ge=0.0, doc="std of the Gaussian noise around each class centre")
+
+
+@dataclass(**FROZEN)
+class FileConfig:
+    path: str = knob("", doc="CSV or Parquet file; every column but the label is a feature")
+    label_column: str = knob("label")
+
+
+@dataclass(**FROZEN)
+class DataConfig:
+    source: Literal["digits", "synthetic", "file"] = knob("digits")
+    seed: int = knob(0, ge=0, doc="seed of the synthetic generator and of the split")
+    val_fraction: float = knob(0.1, gt=0.0, lt=0.5)
+    test_fraction: float = knob(0.2, gt=0.0, lt=0.5)
+    synthetic: SyntheticConfig = knob(SyntheticConfig())
+    file: FileConfig = knob(FileConfig())
+
+    def check(self, prefix: str) -> None:
+        if self.source == "file" and not self.file.path:
+            raise ConfigError(
+                f"{prefix}.file.path = '' is not allowed when {prefix}.source = 'file': give the CSV or Parquet path"
+            )
+
+
+@dataclass(**FROZEN)
+class ProfileConfig:
+    enabled: bool = knob(False)
+    wait: int = knob(1, ge=0)
+    warmup: int = knob(1, ge=0)
+    active: int = knob(3, ge=1)
+
+
+@dataclass(**FROZEN)
+class TrainConfig:
+    workload: str = knob("mlp", doc="a module in experiments/")
+    model: dict[str, Any] = knob({}, doc="the workload's Config, checked by the workload")
+    strategy: Strategy = knob("ddp")
+    launcher: Literal["local", "slurm"] = knob("local")
+    nproc_per_node: int = knob(2, ge=1, doc="processes (ddp) or devices (dp) per node")
+    num_nodes: int = knob(1, ge=1, doc="> 1 needs launcher slurm")
+    threads_per_process: int = knob(1, ge=1)
+    device: Literal["auto", "cpu", "cuda"] = knob("auto")
+    seed: int = knob(0, ge=0)
+    deterministic: bool = knob(True, doc="torch.use_deterministic_algorithms")
+    epochs: int = knob(30, ge=1)
+    batch_size: int = knob(64, ge=1, doc="samples per rank per micro-step")
+    grad_accum_steps: int = knob(1, ge=1)
+    optimizer: Literal["sgd", "adamw"] = knob("adamw")
+    lr: float = knob(3e-3, gt=0.0)
+    momentum: float = knob(0.9, ge=0.0, lt=1.0)
+    weight_decay: float = knob(0.0, ge=0.0)
+    precision: Precision = knob("fp32")
+    num_workers: int = knob(0, ge=0, doc="DataLoader worker processes per rank")
+    warmup_steps: int = knob(5, ge=0, doc="steps left out of throughput figures")
+    log_every_steps: int = knob(10, ge=1, doc="metrics are aggregated over this many steps")
+    checkpoint_every_steps: int = knob(50, ge=1)
+    keep_checkpoints: int = knob(2, ge=2)
+    profile: ProfileConfig = knob(ProfileConfig())
+
+    def check(self, prefix: str) -> None:
+        if self.strategy != "ddp" and self.num_nodes > 1:
+            raise ConfigError(
+                f"{prefix}.num_nodes = {self.num_nodes} is not allowed with "
+                f"{prefix}.strategy = '{self.strategy}': only ddp spans nodes"
+            )
+        if self.strategy == "single" and self.nproc_per_node != 1:
+            raise ConfigError(
+                f"{prefix}.nproc_per_node = {self.nproc_per_node} is not allowed "
+                f"with {prefix}.strategy = 'single': set it to 1"
+            )
+        if self.num_nodes > 1 and self.launcher != "slurm":
+            raise ConfigError(
+                f"{prefix}.num_nodes = {self.num_nodes} needs {prefix}.launcher = 'slurm' (local runs use one node)"
+            )
+
+
+@dataclass(**FROZEN)
+class EvaluateConfig:
+    batch_size: int = knob(512, ge=1)
+
+
+@dataclass(**FROZEN)
+class Interconnect:
+    bandwidth_gb_s: float = knob(24.0, gt=0.0, doc="per-link all-reduce bus bandwidth, GB/s")
+    latency_us: float = knob(5.0, ge=0.0, doc="per-message latency, microseconds")
+
+
+@dataclass(**FROZEN)
+class SpeedupConfig:
+    """The speedup study (stage `speedup`): strategies x world sizes, measured side by side."""
+
+    workload: str = knob("mlp")
+    model: dict[str, Any] = knob({"hidden": [512, 512, 512], "dropout": 0.0})
+    num_features: int = knob(512, ge=1, doc="synthetic input width")
+    num_classes: int = knob(10, ge=2)
+    scaling: Literal["weak", "strong"] = knob("weak", doc="weak: fixed per-rank batch; strong: fixed global batch")
+    batch_size: int = knob(4096, ge=1, doc="per rank (weak) or global (strong)")
+    precision: Precision = knob("fp32")
+    strategies: list[Strategy] = knob(["single", "dp", "ddp"])
+    world_sizes: list[int] | Literal["auto"] = knob("auto", doc="auto: 1..GPUs on CUDA, 1..cores on CPU")
+    device: Literal["auto", "cpu", "cuda"] = knob("auto")
+    launcher: Literal["local", "slurm"] = knob("local", doc="slurm: every cell is a job on slurm.profile")
+    nodes: list[int] = knob([1], doc="node counts for ddp cells (> 1 needs launcher slurm)")
+    seed: int = knob(0, ge=0)
+    warmup_steps: int = knob(3, ge=1)
+    timed_steps: int = knob(5, ge=1)
+    repeats: int = knob(3, ge=1)
+    work_samples: int = knob(1_000_000, ge=1, doc="the fixed work behind the 'training time' column")
+    baseline: Literal["single-t1", "single-all"] = knob("single-t1", doc="the speedup column's baseline")
+    interconnects: dict[str, Interconnect] = knob(
+        {
+            "nvlink4": Interconnect(bandwidth_gb_s=370.0, latency_us=3.0),
+            "ib_hdr": Interconnect(bandwidth_gb_s=24.0, latency_us=5.0),
+        }
+    )
+    predict_world_sizes: list[int] = knob([8, 64, 512])
+
+    def check(self, prefix: str) -> None:
+        bad = [w for w in ([] if self.world_sizes == "auto" else self.world_sizes) if w < 1]
+        if bad:
+            raise ConfigError(f"{prefix}.world_sizes = {self.world_sizes} is not allowed: sizes must be >= 1")
+        if self.launcher == "local" and self.nodes != [1]:
+            raise ConfigError(
+                f"{prefix}.nodes = {self.nodes} is not allowed with {prefix}.launcher = "
+                "'local': cells on more than one node need launcher 'slurm'"
+            )
+        if not self.nodes or min(self.nodes) < 1:
+            raise ConfigError(f"{prefix}.nodes = {self.nodes} is not allowed: give node counts >= 1")
+        if not self.strategies:
+            raise ConfigError(f"{prefix}.strategies = [] is not allowed: give one or more of single, dp, ddp")
+
+
+@dataclass(**FROZEN)
+class SlurmConfig:
+    """Used when train.launcher = 'slurm' and by `scalelab sweep`."""
+
+    profile: str = knob("local", doc="a cluster profile: slurm/profiles/<name>.yaml")
+    folder: str = knob("results/slurm", doc="submitit logs and job pickles (one folder per job)")
+    max_timeouts: int = knob(3, ge=0, doc="requeues allowed after a time-limit signal")
+    poll_interval_s: float = knob(5.0, gt=0.0)
+    est_step_time_s: float = knob(1.0, gt=0.0, doc="rough step time, for the pre-flight check only")
+
+
+@dataclass(**FROZEN)
+class SweepConfig:
+    array_parallelism: int = knob(4, ge=1, doc="SLURM array elements running at once")
+    evaluate: bool = knob(True, doc="score each element on the test split inside its job")
+
+
+@dataclass(**FROZEN)
+class Params:
+    tracking: TrackingConfig = knob(TrackingConfig())
+    data: DataConfig = knob(DataConfig())
+    train: TrainConfig = knob(TrainConfig())
+    evaluate: EvaluateConfig = knob(EvaluateConfig())
+    speedup: SpeedupConfig = knob(SpeedupConfig())
+    slurm: SlurmConfig = knob(SlurmConfig())
+    sweep: SweepConfig = knob(SweepConfig())
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    """Reads and validates params.yaml, including the workload's model section."""
+    return parse_params(read_yaml(path), str(path))
+
+
+def parse_params(raw: Any, source: str) -> Params:
+    """Validates an already-read params tree; errors are prefixed with `source`."""
+    try:
+        params = build(Params, raw)
+        registry.check_config(params.train.workload, params.train.model, "train")
+        registry.check_config(params.speedup.workload, params.speedup.model, "speedup")
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    return params

@@ -1,0 +1,7 @@
+"""Launching: worker processes on this machine (`local`, torchrun), SLURM through submitit
+(`slurm`: profiles, pre-flight, executors, waiting) and the one job-shape check (`shape`).
+
+Owns: processes, nodes, tasks and the cluster. Never imports what it launches (training, the
+study): job bodies live beside the stages they run and reach this package as callables or as
+`scalelab` worker commands. Imports tracking (the store's URI), config and runtime.
+"""

@@ -1,0 +1,96 @@
+"""The one shape check: does a job of this shape fit this machine or this cluster profile?
+
+Params validation (`scalelab train`), the SLURM pre-flight and the study's planner all call
+`check_shape`, so the three can never disagree about what fits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scalelab.config import TrainConfig
+from scalelab.runtime.device import cpu_count, cuda_device_count
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobShape:
+    strategy: str  # single | dp | ddp
+    device: str  # auto | cpu | cuda
+    nodes: int = 1
+    procs_per_node: int = 1  # processes per node (ddp), or devices of the one process (dp)
+    threads_per_process: int = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Capacity:
+    nodes: int
+    cpus_per_node: int
+    gpus_per_node: int
+    where: str  # "this machine", or "profile 'local'"
+
+    def device(self, requested: str) -> str:
+        """'auto' resolved against this capacity: cuda where the nodes have GPUs."""
+        return ("cuda" if self.gpus_per_node else "cpu") if requested == "auto" else requested
+
+
+def train_shape(t: TrainConfig) -> JobShape:
+    """The shape of the training job that params `train.*` describe."""
+    return JobShape(
+        strategy=t.strategy,
+        device=t.device,
+        nodes=t.num_nodes,
+        procs_per_node=t.nproc_per_node,
+        threads_per_process=t.threads_per_process,
+    )
+
+
+def local_capacity() -> Capacity:
+    """This machine: one node, its usable cores and visible GPUs."""
+    return Capacity(nodes=1, cpus_per_node=cpu_count(), gpus_per_node=cuda_device_count(), where="this machine")
+
+
+@dataclass(frozen=True, slots=True)
+class Misfit:
+    """Why a shape does not fit: the shape field at fault, its value and the reason."""
+
+    field: str
+    value: object
+    reason: str
+
+    def message(self, prefix: str) -> str:
+        """The one-line error for params key `prefix.field`."""
+        return f"{prefix}.{self.field} = {self.value!r} {self.reason}"
+
+
+def check_shape(shape: JobShape, cap: Capacity) -> Misfit | None:
+    """The first way `shape` does not fit `cap`, or None when it fits."""
+    device, gpus, cores = cap.device(shape.device), cap.gpus_per_node, cap.cpus_per_node
+    if shape.nodes > cap.nodes:
+        return Misfit(
+            "num_nodes", shape.nodes, f"is more than the {cap.nodes} node(s) of {cap.where}; use at most {cap.nodes}"
+        )
+    if device == "cuda" and gpus == 0:
+        return Misfit("device", "cuda", f"is not allowed: {cap.where} has no CUDA device; use 'auto' or 'cpu'")
+    if shape.strategy == "dp" and gpus < 2:
+        return Misfit("strategy", "dp", f"needs >= 2 CUDA devices (nn.DataParallel); {cap.where} has {gpus}")
+    if shape.strategy != "single" and device == "cuda" and shape.procs_per_node > gpus:
+        return Misfit(
+            "nproc_per_node",
+            shape.procs_per_node,
+            f"is more than the {gpus} GPUs per node of {cap.where}; use at most {gpus}",
+        )
+    if shape.strategy == "ddp" and device == "cpu" and shape.procs_per_node > cores:
+        return Misfit(
+            "nproc_per_node",
+            shape.procs_per_node,
+            f"is more than the {cores} CPU cores per node of {cap.where}; use at most {cores}",
+        )
+    procs = shape.procs_per_node if shape.strategy == "ddp" else 1
+    if shape.threads_per_process * procs > cores:
+        return Misfit(
+            "threads_per_process",
+            shape.threads_per_process,
+            f"x {procs} process(es) per node is more than the {cores} CPU cores per node of "
+            f"{cap.where}; use at most {max(1, cores // procs)}",
+        )
+    return None

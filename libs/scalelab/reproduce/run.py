@@ -1,0 +1,197 @@
+"""`scalelab reproduce RUN_ID`: rerun a tracked training run from its provenance and compare.
+
+    scalelab reproduce 3f2a9c...                  # in the repository that holds the run's store
+    scalelab reproduce 3f2a9c... --data /shared/prepared --keep
+
+1. Reads the run from the MLflow store (`MLFLOW_TRACKING_URI`, else mlflow.db at the repo root).
+2. Verifies the data before anything runs: every file of the recorded data folder (`data.path`,
+   or `--data`) must have the sha256 recorded in the run's `data.sha256.<file>` tags (the same
+   figures as `provenance/data-files.json`), and the folder's DVC md5 (`data.md5`, the value
+   dvc.lock holds for it) must match too, so an added or removed file is caught as well.
+3. Checks out the run's commit into a temporary git worktree and applies the recorded
+   `provenance/dirty.diff` and `provenance/untracked.diff`, if any.
+4. Writes the recorded `config.json` as the worktree's params.yaml and runs that code's
+   `scalelab train` (and `scalelab evaluate` when the run has test metrics) on the verified data,
+   logging into the same store. The new run is named `reproduce-<original run name>` and tagged
+   `scalelab.kind=reproduce` and `scalelab.reproduces=<RUN_ID>`.
+5. Compares, and prints a table: every param and seed; every metric's full history, step by step,
+   bitwise on CPU (within --rtol/--atol on CUDA); the final weights' sha256 (`weights.sha256`).
+   Timing and system metrics (samples_per_s, step_time_ms, profile_trace_bytes, system/...) are
+   not expected to repeat and are listed as skipped.
+
+Exit status: 0 when everything compared matches; 1 on a mismatch (data hash, param, metric,
+weights); 2 when the run cannot be reproduced (unknown run, no provenance, git or training failed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from scalelab.reproduce.compare import Check, compare_metrics, compare_params, compare_weights, short, table
+from scalelab.runtime.paths import repo_root
+from scalelab.tracking import provenance, tracking_uri
+
+
+class CannotReproduce(RuntimeError):
+    """The run lacks what reproducing needs, or a step (git, training) failed."""
+
+    exit_status = 2  # the CLI's "cannot be reproduced"
+
+
+def verify_data(tags: dict[str, str], data_dir: Path) -> list[Check]:
+    """Recorded sha256 of every file and DVC md5 of the folder against the files now."""
+    recorded = {k.removeprefix("data.sha256."): v for k, v in tags.items() if k.startswith("data.sha256.")}
+    if not recorded or "data.md5" not in tags:
+        raise CannotReproduce("the run records no data hashes (data.sha256.*, data.md5): it predates them")
+    hashes = provenance.file_hashes(data_dir) if data_dir.is_dir() else {}
+    checks = []
+    for name in sorted(set(recorded) | set(hashes)):
+        old, new = recorded.get(name, "(absent)"), hashes[name][1] if name in hashes else "(absent)"
+        checks.append(
+            Check(f"data {data_dir.name}/{name} sha256", short(old), short(new), "match" if old == new else "MISMATCH")
+        )
+    md5 = provenance.dvc_dir_md5(hashes) if hashes else "(absent)"
+    checks.append(
+        Check(
+            f"data {data_dir.name} dvc md5", tags["data.md5"], md5, "match" if md5 == tags["data.md5"] else "MISMATCH"
+        )
+    )
+    return checks
+
+
+def checkout(root: Path, commit: str, dest: Path, client: Any, run_id: str) -> list[str]:
+    """A detached worktree of `commit` at `dest`, with the run's diffs applied; returns their names."""
+    if len(commit) != 40:
+        raise CannotReproduce(f"the run records no git commit (git.commit = {commit!r})")
+    _git(root, "worktree", "add", "--detach", str(dest), commit)
+    applied = []
+    for name in ("provenance/dirty.diff", "provenance/untracked.diff"):
+        patch = _download(client, run_id, name, dest.parent)
+        if patch is not None:
+            _git(dest, "apply", "--binary", "--whitespace=nowarn", str(patch))
+            applied.append(Path(name).name)
+    return applied
+
+
+def _git(cwd: Path, *args: str) -> None:
+    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise CannotReproduce(f"git {' '.join(args[:2])} failed in {cwd}: {proc.stderr.strip()}")
+
+
+def _download(client: Any, run_id: str, name: str, dest: Path) -> Path | None:
+    """Downloads one artifact, or None if the run has no such artifact."""
+    folder = str(Path(name).parent)
+    listed = client.list_artifacts(run_id, folder if folder != "." else None)
+    if Path(name).name not in {Path(a.path).name for a in listed}:
+        return None
+    return Path(client.download_artifacts(run_id, name, str(dest)))
+
+
+def write_params(client: Any, run_id: str, worktree: Path) -> None:
+    """The recorded config.json (every section, typed values) as the worktree's params.yaml."""
+    path = _download(client, run_id, "config.json", worktree.parent)
+    if path is None:
+        raise CannotReproduce("the run has no config.json artifact")
+    config = json.loads(path.read_text())
+    config.get("tracking", {}).pop("run_id", None)
+    (worktree / "params.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+def rerun(worktree: Path, data_dir: Path, out: Path, evaluate: bool) -> str:
+    """Runs the worktree's `scalelab train` (and evaluate); returns the new run id."""
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": tracking_uri(),
+        "PYTHONPATH": os.pathsep.join([str(worktree / "libs"), str(worktree), os.environ.get("PYTHONPATH", "")]),
+    }
+    base = [sys.executable, "-m", "scalelab.cli"]
+    steps = [["train", "--params", "params.yaml", "--data", str(data_dir), "--out", str(out)]]
+    if evaluate:
+        steps.append(
+            [
+                "evaluate",
+                "--params",
+                "params.yaml",
+                "--data",
+                str(data_dir),
+                "--train",
+                str(out),
+                "--out",
+                str(out / "eval.json"),
+            ]
+        )
+    for args in steps:
+        code = subprocess.run(base + args, cwd=worktree, env=env, stdout=sys.stderr).returncode  # stdout: the table
+        if code != 0:
+            raise CannotReproduce(f"`scalelab {args[0]}` in the worktree exited with {code}")
+    return json.loads((out / "run.json").read_text())["run_id"]
+
+
+def reproduce(run_id: str, *, data: str | None, keep: bool, rtol: float, atol: float) -> list[Check]:
+    """Verifies, reruns and compares; returns the checks (data mismatches stop before training)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri())
+    try:
+        old = client.get_run(run_id)
+    except Exception as exc:
+        raise CannotReproduce(f"run {run_id} is not in {tracking_uri()}: {exc}") from None
+    root = repo_root()
+    data_dir = Path(data) if data else root / old.data.tags.get("data.path", "data/prepared")
+    checks = verify_data(old.data.tags, data_dir.resolve())
+    if any(c.status == "MISMATCH" for c in checks):
+        return checks
+    tmp = Path(tempfile.mkdtemp(prefix="scalelab-reproduce-"))
+    worktree = tmp / "src"
+    try:
+        applied = checkout(root, old.data.tags.get("git.commit", ""), worktree, client, run_id)
+        checks.append(
+            Check(
+                "code",
+                short(old.data.tags["git.commit"][:12]),
+                "worktree" + (f" + {', '.join(applied)}" if applied else ""),
+                "match",
+            )
+        )
+        write_params(client, run_id, worktree)
+        evaluate = any(k.startswith("test_") for k in old.data.metrics)
+        new_id = rerun(worktree, data_dir.resolve(), tmp / "results", evaluate)
+        client.update_run(new_id, name=f"reproduce-{old.info.run_name}")
+        client.set_tag(new_id, "scalelab.kind", "reproduce")
+        client.set_tag(new_id, "scalelab.reproduces", run_id)
+        new = client.get_run(new_id)
+        on_gpu = old.data.tags.get("scalelab.device") == "cuda"
+        rtol, atol = (rtol, atol) if on_gpu else (0.0, 0.0)
+        checks += compare_params(old, new) + compare_metrics(client, old, new, rtol, atol)
+        checks.append(compare_weights(old, new, on_gpu))
+        checks.append(Check("new run", run_id, new_id, "skipped: for reference"))
+    finally:
+        if keep:
+            print(f"kept the worktree and outputs in {tmp}", file=sys.stderr)
+        else:
+            subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=root, capture_output=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            subprocess.run(["git", "worktree", "prune"], cwd=root, capture_output=True)
+    return checks
+
+
+def report(checks: list[Check]) -> bool:
+    """Prints the table and the verdict; returns True when everything compared matches."""
+    print(table(checks))
+    bad = [c for c in checks if c.status == "MISMATCH"]
+    if bad:
+        kind = "data hash mismatch" if any(c.name.startswith("data ") for c in bad) else "mismatch"
+        print(f"RESULT: {kind}: {', '.join(c.name for c in bad)}")
+        return False
+    print(f"RESULT: match ({sum(c.status == 'match' for c in checks)} checks match)")
+    return True

@@ -1,0 +1,138 @@
+"""What runs inside one speedup-study cell: time training steps, or time all-reduces.
+
+Started by scalelab.study.run (one process, or torchrun for ddp), or on SLURM as a `CellJob`.
+By hand:
+
+    torchrun --standalone --nproc-per-node 2 -m scalelab.cli cell-worker steps \
+        --spec results/speedup/cells/ddp-w2.spec.json --out /tmp/ddp-w2.json
+
+Each cell uses the same step function as training (training.loop.Loop.step) on synthetic batches
+that already sit on the device, so it measures compute and communication, not data loading.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from scalelab.config import SpeedupConfig, build
+from scalelab.runtime import dist, seeds
+from scalelab.runtime.device import setup_process
+from scalelab.runtime.io import atomic_write_json
+from scalelab.training import workloads
+from scalelab.training.loop import Optim, build_loop
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _setup(spec: dict[str, Any]) -> tuple[SpeedupConfig, dist.DistEnv, torch.device]:
+    env = dist.read_env()
+    device = setup_process(env, device=spec["device"], threads=spec["threads_per_process"])
+    return build(SpeedupConfig, spec["config"], "speedup"), env, device
+
+
+def rank_batch(cfg: SpeedupConfig, strategy: str, world_size: int) -> int:
+    """Samples each process feeds per step. dp is one process that splits its batch over GPUs."""
+    if cfg.scaling == "weak":
+        return cfg.batch_size * (world_size if strategy == "dp" else 1)
+    return cfg.batch_size // (1 if strategy == "dp" else world_size)
+
+
+def time_steps(spec: dict[str, Any]) -> dict[str, Any]:
+    """Warm-up, then `repeats` x `timed_steps` timed steps; returns per-repeat figures (rank 0)."""
+    cfg, env, device = _setup(spec)
+    strategy, world = spec["strategy"], spec["world_size"]
+    seeds.seed_all(cfg.seed)
+    wl = workloads.load(
+        cfg.workload, cfg.model, input_shape=[cfg.num_features], num_classes=cfg.num_classes, key="speedup"
+    )
+    loop = build_loop(wl, device, strategy_name=strategy, precision=cfg.precision, optim=Optim(name="sgd", lr=1e-3))
+    seeds.seed_all(seeds.rank_seed(cfg.seed, env.rank))
+    batch = rank_batch(cfg, strategy, world)
+    pool = [
+        (torch.randn(batch, cfg.num_features, device=device), torch.randint(cfg.num_classes, (batch,), device=device))
+        for _ in range(2)
+    ]
+    for i in range(cfg.warmup_steps):
+        loop.step([pool[i % 2]])
+    elapsed_s = []
+    for _ in range(cfg.repeats):
+        dist.barrier()
+        _sync(device)
+        start = time.perf_counter()
+        for i in range(cfg.timed_steps):
+            loop.step([pool[i % 2]])
+        _sync(device)
+        elapsed_s.append(time.perf_counter() - start)
+    slowest = [max(r) for r in zip(*dist.all_gather_object(elapsed_s))]  # the slowest rank sets the pace
+    num_params = sum(p.numel() for p in wl.model.parameters())
+    global_batch = batch * (1 if strategy == "dp" else world)
+    dist.shutdown()
+    return {
+        "repeat_s": slowest,
+        "timed_steps": cfg.timed_steps,
+        "global_batch": global_batch,
+        "step_time_ms": [1000.0 * s / cfg.timed_steps for s in slowest],
+        "samples_per_s": [global_batch * cfg.timed_steps / s for s in slowest],
+        "num_params": num_params,
+        "grad_bytes": 4 * num_params,
+        "is_main": env.is_main,
+    }
+
+
+def time_allreduce(spec: dict[str, Any]) -> dict[str, Any]:
+    """Median all-reduce time for a few sizes up to the model's gradient size."""
+    _, env, device = _setup(spec)
+    results = []
+    for fraction in (1 / 16, 1 / 4, 1.0):
+        numel = max(1, int(spec["grad_bytes"] * fraction) // 4)
+        tensor = torch.ones(numel, device=device)
+        for _ in range(3):
+            dist.all_reduce_sum(tensor)
+        samples = []
+        for _ in range(spec.get("reps", 10)):
+            dist.barrier()
+            _sync(device)
+            start = time.perf_counter()
+            dist.all_reduce_sum(tensor)
+            _sync(device)
+            samples.append(time.perf_counter() - start)
+        worst = [max(r) for r in zip(*dist.all_gather_object(samples))]
+        results.append({"bytes": 4 * numel, "median_s": statistics.median(worst)})
+    dist.shutdown()
+    return {
+        "world_size": env.world_size,
+        "backend": "nccl" if device.type == "cuda" else "gloo",
+        "sizes": results,
+        "is_main": env.is_main,
+    }
+
+
+def main(kind: str, spec_path: str | Path, out_path: str | Path) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    result = (time_allreduce if kind == "allreduce" else time_steps)(spec)
+    if result.pop("is_main"):
+        atomic_write_json(out_path, result)
+
+
+class CellJob:
+    """One cell (or the all-reduce benchmark) as a SLURM job: every task runs one rank."""
+
+    def __init__(self, kind: str, spec: dict[str, Any]) -> None:
+        self.kind, self.spec = kind, spec
+
+    def __call__(self) -> dict[str, Any]:
+        import submitit
+
+        submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+        result = (time_allreduce if self.kind == "allreduce" else time_steps)(self.spec)
+        result.pop("is_main")
+        return result

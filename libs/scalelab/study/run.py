@@ -1,0 +1,172 @@
+"""The speedup study: plan the cells, run those not cached, model communication, report.
+
+    scalelab speedup --params params.yaml --out results/speedup
+
+Each cell's result is cached in `<out>/cells/<name>.json` under a key that hashes the cell, the
+measurement params, the code of every folder the DVC stage `speedup` depends on, and the hardware:
+changing one cell reruns that cell only. Cells run one after another here (timings must not
+overlap); `measure` takes the whole list so that the SLURM backend can submit them together.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from scalelab.config import Params, to_dict
+from scalelab.launch import slurm
+from scalelab.launch.local import run_workers
+from scalelab.launch.shape import Capacity, local_capacity
+from scalelab.runtime.io import atomic_write_json
+from scalelab.runtime.paths import stage_code_digest
+from scalelab.study import report
+from scalelab.study.cell import CellJob
+from scalelab.study.plan import Cell, cell_key, plan
+from scalelab.tracking import provenance
+
+log = logging.getLogger(__name__)
+
+
+def _spec(params: Params, cell: Cell) -> dict[str, Any]:
+    return {**asdict(cell), "config": to_dict(params.speedup)}
+
+
+def run_cell(kind: str, cell: Cell, spec: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """Runs one cell (or the all-reduce benchmark) in fresh processes; returns its result."""
+    stem = f"{cell.name}.{kind}" if kind == "allreduce" else cell.name
+    spec_path, out_path = folder / f"{stem}.spec.json", folder / f"{stem}.out.json"
+    atomic_write_json(spec_path, spec)
+    out_path.unlink(missing_ok=True)
+    log.info("measuring %s", stem)
+    proc = run_workers(
+        ["cell-worker", kind, "--spec", str(spec_path), "--out", str(out_path)],
+        nproc=cell.world_size if cell.strategy == "ddp" else None,
+        threads_per_process=cell.threads_per_process,
+        capture=True,
+    )
+    if proc.returncode != 0 or not out_path.is_file():
+        tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
+        return {"status": "failed", "reason": f"exit {proc.returncode}: {tail}"[:500]}
+    return {"status": "ok", **json.loads(out_path.read_text())}
+
+
+def run_slurm_cells(params: Params, items: list[tuple[str, Cell, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Submits every cell at once; `--dependency=singleton` runs them one at a time, so that no
+    two cells' timings overlap. Returns one result per item, in order."""
+    profile = slurm.load_profile(params.slurm.profile)
+    jobs = []
+    for kind, cell, spec in items:
+        per_node = cell.procs_per_node
+        gpus = (cell.world_size if cell.strategy == "dp" else per_node) if cell.device == "cuda" else 0
+        ex = slurm.executor(
+            params,
+            profile,
+            "scalelab-speedup",
+            nodes=cell.nodes,
+            tasks_per_node=per_node,
+            cpus_per_task=cell.threads_per_process,
+            gpus_per_node=gpus,
+        )
+        ex.update_parameters(slurm_additional_parameters={"dependency": "singleton"})
+        jobs.append(slurm.submit(ex, CellJob(kind, spec)))
+    if jobs:
+        print(f"submitted {len(jobs)} study cells as SLURM jobs {', '.join(j.job_id for j in jobs)}", flush=True)
+    results = []
+    for job in jobs:
+        try:
+            results.append({"status": "ok", **slurm.wait(job, params.slurm.poll_interval_s)})
+        except Exception:
+            results.append({"status": "failed", "reason": slurm.error_line(job)})
+    return results
+
+
+def measure(params: Params, items: list[tuple[str, Cell, dict[str, Any]]], folder: Path) -> list[dict[str, Any]]:
+    """Runs (kind, cell, spec) items: one after another here, or submitted together to SLURM."""
+    if params.speedup.launcher == "slurm":
+        return run_slurm_cells(params, items)
+    return [run_cell(kind, cell, spec, folder) for kind, cell, spec in items]
+
+
+def run_pending(params: Params, cells: list[Cell], folder: Path, keys: dict[str, str]) -> dict[str, dict]:
+    """Measures every runnable cell whose cached result is missing or stale."""
+    results: dict[str, dict] = {}
+    pending = []
+    for cell in cells:
+        cached = _cached(folder / f"{cell.name}.json", keys[cell.name])
+        if cell.skipped:
+            results[cell.name] = {"status": "skipped", "reason": cell.reason}
+        elif cached:
+            results[cell.name] = {**cached, "cached": True}
+        else:
+            pending.append(cell)
+    measured = measure(params, [("steps", c, _spec(params, c)) for c in pending], folder)
+    for cell, result in zip(pending, measured, strict=True):
+        result = {**result, "key": keys[cell.name]}
+        if result["status"] == "ok":
+            atomic_write_json(folder / f"{cell.name}.json", result)
+        results[cell.name] = {**result, "cached": False}
+    return {c.name: results[c.name] for c in cells}
+
+
+def _cached(path: Path, key: str) -> dict | None:
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return result if result.get("key") == key else None
+
+
+def measure_allreduce(
+    params: Params, cells: list[Cell], results: dict[str, dict], folder: Path, code: str, hardware: dict[str, str]
+) -> dict | None:
+    """The all-reduce microbenchmark at the largest measured ddp world size, with the model's
+    gradient size; cached like a cell."""
+    ddp = [c for c in cells if c.strategy == "ddp" and results[c.name]["status"] == "ok" and c.world_size > 1]
+    if not ddp:
+        return None
+    cell = max(ddp, key=lambda c: c.world_size)
+    key = cell_key(params.speedup, cell, code + "allreduce", hardware)
+    path = folder / f"{cell.name}.allreduce.json"
+    cached = _cached(path, key)
+    if cached:
+        return cached
+    spec = {**_spec(params, cell), "grad_bytes": results[cell.name]["grad_bytes"]}
+    result = measure(params, [("allreduce", cell, spec)], folder)[0]
+    if result["status"] != "ok":
+        log.warning("all-reduce benchmark failed: %s", result["reason"])
+        return None
+    result["key"] = key
+    atomic_write_json(path, result)
+    return result
+
+
+def where(params: Params) -> tuple[Capacity, dict[str, str]]:
+    """What the cells may use and run on: this machine, or the SLURM profile's nodes."""
+    if params.speedup.launcher == "slurm":
+        profile = slurm.load_profile(params.slurm.profile)
+        return slurm.capacity(profile, params.slurm.profile), {
+            "slurm.profile": params.slurm.profile,
+            "slurm.partition": profile.partition,
+            "env.cpu_cores": str(profile.cpus_per_node),
+            "env.gpus_per_node": str(profile.gpus_per_node),
+        }
+    env = provenance.environment()
+    hw = {k: env[k] for k in ("env.host", "env.cpu", "env.cpu_cores", "env.torch", "env.gpus") if k in env}
+    return local_capacity(), hw
+
+
+def run(params: Params, out_dir: str | Path) -> dict[str, Any]:
+    """Plans, measures (reusing cached cells), models and reports the study."""
+    out = Path(out_dir)
+    folder = out / "cells"
+    folder.mkdir(parents=True, exist_ok=True)
+    cap, hw = where(params)
+    cells = plan(params.speedup, cap)
+    code = stage_code_digest("speedup")
+    keys = {c.name: cell_key(params.speedup, c, code, hw) for c in cells}
+    results = run_pending(params, cells, folder, keys)
+    comm = measure_allreduce(params, cells, results, folder, code, hw)
+    return report.write(params, cells, results, comm, hw, out)

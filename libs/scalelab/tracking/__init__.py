@@ -1,0 +1,10 @@
+"""Tracking: the tracker interface and its MLflow implementation (`tracker`), the metric writer
+process (`writer`), per-node system metrics (`sysmetrics`) and provenance (`provenance`).
+
+Owns: everything that talks to MLflow. The training loop sees only `Tracker`. Imports config and
+runtime only.
+"""
+
+from scalelab.tracking.tracker import MlflowTracker, NullTracker, Tracker, experiment_id, tracking_uri
+
+__all__ = ["MlflowTracker", "NullTracker", "Tracker", "experiment_id", "tracking_uri"]

@@ -1,0 +1,260 @@
+"""Provenance: what code, data, environment and launcher produced a run.
+
+`collect()` returns flat tags (for filtering in the UI and for `scalelab reproduce`) plus larger
+texts logged as artifacts under `provenance/`:
+
+- code: `git.commit`, `git.branch`, `git.dirty` (tracked changes against HEAD), `git.untracked`;
+  `dirty.diff` (tracked changes) and `untracked.diff` (new files git does not ignore: the first
+  UNTRACKED_MAX_FILES, each up to UNTRACKED_MAX_BYTES), both applicable with `git apply`;
+- data: `data.path`, `data.md5` (DVC's hash of the data folder, recomputed from the files),
+  `data.dvc_lock_md5` (what dvc.lock records for that path), `data.sha256.<file>` for every file,
+  and `data-files.json` with the same sha256 map; `params.sha256` (see `params_digest`);
+- environment: Python, torch, CUDA, cuDNN and NCCL versions ("none" on a CPU build or machine),
+  platform, CPU model and cores, every node's host name and GPUs (names and memory; "none"), and
+  `pip-freeze.txt`;
+- launcher: `launch.kind` (process | torchrun | slurm), the SLURM job id, array job and task,
+  node list, torchrun's run id, nodes, restart count (SLURM or torchrun), this process's command
+  line and the `scalelab` command that started the job (`launch.user_command`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shlex
+import socket
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from scalelab.runtime import dist
+from scalelab.runtime.io import file_digests, json_digest
+
+LAUNCH_VARS = (
+    "SLURM_JOB_ID",
+    "SLURM_ARRAY_JOB_ID",
+    "SLURM_ARRAY_TASK_ID",
+    "SLURM_JOB_NODELIST",
+    "SLURM_RESTART_COUNT",
+    "SLURM_NNODES",
+    "SUBMITIT_FOLDER",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+)
+UNTRACKED_MAX_BYTES = 1 << 20
+UNTRACKED_MAX_FILES = 200  # one `git diff` each; the count in `git.untracked` is always complete
+NONE = "none"
+
+
+def _git(root: Path, *args: str, ok: tuple[int, ...] = (0,)) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode in ok else None
+
+
+def git_info(root: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """Tags for commit, branch, dirty flag and untracked files, and the diffs as artifacts."""
+    commit = (_git(root, "rev-parse", "HEAD") or "unknown").strip()
+    branch = (_git(root, "rev-parse", "--abbrev-ref", "HEAD") or "unknown").strip()
+    status = _git(root, "status", "--porcelain", "--untracked-files=no")
+    diff = _git(root, "diff", "HEAD", "--binary") or ""
+    untracked = [p for p in (_git(root, "ls-files", "--others", "--exclude-standard", "-z") or "").split("\0") if p]
+    dirty = "unknown" if status is None else str(bool(status.strip())).lower()
+    tags = {
+        "git.commit": commit,
+        "git.branch": branch,
+        "git.dirty": dirty,
+        "git.untracked": str(len(untracked)),
+        "mlflow.source.git.commit": commit,
+    }
+    texts = {"provenance/dirty.diff": diff, "provenance/untracked.diff": _untracked_diff(root, untracked)}
+    return tags, {k: v for k, v in texts.items() if v}
+
+
+def _untracked_diff(root: Path, paths: list[str]) -> str:
+    """A `git apply`-able patch that creates each untracked file up to UNTRACKED_MAX_BYTES."""
+    parts = []
+    for rel in sorted(paths)[:UNTRACKED_MAX_FILES]:
+        if (root / rel).is_file() and (root / rel).stat().st_size <= UNTRACKED_MAX_BYTES:
+            parts.append(_git(root, "diff", "--no-index", "--binary", "--", "/dev/null", rel, ok=(0, 1)) or "")
+    return "".join(parts)
+
+
+def file_hashes(folder: Path) -> dict[str, tuple[str, str]]:
+    """{relative path: (md5, sha256)} for every file under `folder`, read once each."""
+    return {
+        path.relative_to(folder).as_posix(): tuple(file_digests(path, "md5", "sha256"))
+        for path in sorted(p for p in folder.rglob("*") if p.is_file())
+    }
+
+
+def dvc_dir_md5(hashes: dict[str, tuple[str, str]]) -> str:
+    """DVC's md5 of a folder from `file_hashes`: md5 of the JSON list of {md5, relpath} sorted by
+    relpath, plus '.dir'; the value DVC 3 writes to dvc.lock (no .dvcignore patterns applied)."""
+    entries = [{"md5": md5, "relpath": rel} for rel, (md5, _) in sorted(hashes.items())]
+    return hashlib.md5(json.dumps(entries, sort_keys=True).encode()).hexdigest() + ".dir"
+
+
+def data_info(root: Path, data_dir: str | Path) -> tuple[dict[str, str], dict[str, str]]:
+    """Tags and the `data-files.json` artifact that pin the data folder a run read."""
+    folder = Path(data_dir).resolve()
+    rel = os.path.relpath(folder, root) if folder.is_relative_to(root) else str(folder)
+    hashes = file_hashes(folder)
+    shas = {name: sha for name, (_, sha) in hashes.items()}
+    tags = {
+        "data.path": Path(rel).as_posix(),
+        "data.md5": dvc_dir_md5(hashes),
+        **{f"data.sha256.{name}": sha for name, sha in shas.items()},
+    }
+    locked = dvc_lock_outs(root).get(tags["data.path"])
+    if locked:
+        tags["data.dvc_lock_md5"] = locked
+    return tags, {"provenance/data-files.json": json.dumps(shas, indent=2, sort_keys=True)}
+
+
+def dvc_lock_outs(root: Path) -> dict[str, str]:
+    """{path: md5} of every stage output recorded in dvc.lock (DVC writes a stage's entry when it
+    finishes, so during `dvc repro train` the entry of `prepare` is the current one)."""
+    lock = root / "dvc.lock"
+    if not lock.is_file():
+        return {}
+    stages = (yaml.safe_load(lock.read_text()) or {}).get("stages", {})
+    return {out["path"]: out["md5"] for body in stages.values() for out in body.get("outs") or [] if "md5" in out}
+
+
+def params_digest(sections: dict[str, Any]) -> str:
+    """sha256 of the typed param sections a stage consumed, as canonical JSON.
+
+    Equal for equal values however params.yaml spells them (1 or 1.0, key order), so it matches
+    the values dvc.lock records for the stage once those are built into the same dataclasses.
+    """
+    return json_digest(sections)
+
+
+def environment() -> dict[str, str]:
+    """Versions (Python, torch, CUDA, cuDNN, NCCL; "none" without CUDA), host, platform, CPU."""
+    import torch
+
+    cuda_ok = torch.cuda.is_available()
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda or NONE,
+        "cudnn": str(torch.backends.cudnn.version()) if cuda_ok and torch.backends.cudnn.is_available() else NONE,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda_ok else NONE,
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu": cpu_model(),
+        "cpu_cores": str(os.cpu_count()),
+    }
+    if cuda_ok:  # this node's GPUs (the speedup study keys its cache on them); `nodes_tags` has all
+        info["gpus"] = node_info()["gpus"]
+    return {f"env.{k}": v for k, v in info.items()}
+
+
+def node_info() -> dict[str, str]:
+    """This node's host name and GPUs (name and memory), to gather from every rank."""
+    import torch
+
+    gpus = NONE
+    if torch.cuda.is_available():
+        props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
+        gpus = ", ".join(f"{p.name} {p.total_memory // 2**20} MiB" for p in props)
+    return {"host": socket.gethostname(), "gpus": gpus}
+
+
+def nodes_tags(nodes: list[dict[str, str]]) -> dict[str, str]:
+    """Tags for the job's nodes from every rank's `node_info()` (one entry per host)."""
+    by_host = {n["host"]: n["gpus"] for n in nodes}
+    return {
+        "env.host": nodes[0]["host"],
+        "env.hosts": ",".join(by_host),
+        "env.num_nodes": str(len(by_host)),
+        "env.gpus": "; ".join(f"{host}: {gpus}" for host, gpus in by_host.items()),
+    }
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def launcher_info() -> dict[str, str]:
+    """The launcher and its job ids, nodes, restart count, and the command lines."""
+    env = dist.read_env()
+    info = {f"launch.{k.lower()}": os.environ[k] for k in LAUNCH_VARS if k in os.environ}
+    info["launch.kind"] = (
+        "slurm" if "SLURM_JOB_ID" in os.environ else ("torchrun" if "TORCHELASTIC_RUN_ID" in os.environ else "process")
+    )
+    info["launch.restart_count"] = (
+        os.environ.get("SLURM_RESTART_COUNT") or os.environ.get("TORCHELASTIC_RESTART_COUNT") or "0"
+    )
+    info["launch.world_size"] = str(env.world_size)
+    info["launch.nnodes"] = str(max(1, env.world_size // max(1, env.local_world_size)))
+    info["launch.command"] = shlex.join([sys.executable, *sys.argv])[:5000]
+    info["launch.user_command"] = user_command()[:5000]
+    return info
+
+
+def user_command() -> str:
+    """The outermost `scalelab ...` command among this process's ancestors (what the user or DVC
+    ran), else this process's own command line."""
+    try:
+        import psutil
+
+        found = None
+        proc = psutil.Process().parent()
+        while proc is not None and proc.pid > 1:
+            cmd = proc.cmdline()
+            if any(os.path.basename(arg) == "scalelab" for arg in cmd[:2]):
+                found = cmd
+            proc = proc.parent()
+    except Exception:  # psutil missing, or a process vanished: fall back to our own argv
+        found = None
+    return shlex.join(found) if found else shlex.join(sys.argv)
+
+
+def pip_freeze() -> str:
+    dists = sorted(f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions())
+    return "\n".join(dists) + "\n"
+
+
+def collect(
+    root: Path, *, data_dir: str | Path, nodes: list[dict[str, str]], params_sections: dict[str, Any]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Returns (tags, artifacts): flat string tags and {artifact name: text}.
+
+    Args:
+        root: the repository root (git and dvc.lock).
+        data_dir: the prepared-data folder the run reads.
+        nodes: `node_info()` of every rank (all_gather_object).
+        params_sections: the typed param sections the stage consumed, as plain dicts.
+    """
+    git_tags, texts = git_info(root)
+    data_tags, data_texts = data_info(root, data_dir)
+    tags = {
+        **git_tags,
+        **data_tags,
+        "params.sha256": params_digest(params_sections),
+        **environment(),
+        **nodes_tags(nodes),
+        **launcher_info(),
+    }
+    artifacts = {**texts, **data_texts, "provenance/pip-freeze.txt": pip_freeze()}
+    if (root / "dvc.lock").is_file():
+        artifacts["provenance/dvc.lock"] = (root / "dvc.lock").read_text()
+    return tags, artifacts

@@ -1,0 +1,203 @@
+"""Experiment tracking behind a small interface: a no-op tracker and the MLflow one.
+
+The training loop only ever calls a `Tracker`. Global rank 0 holds the MLflow tracker; every other
+rank holds a `NullTracker`. `log_metrics` only appends a tuple to a list, so the hot loop makes no
+MLflow call. At each checkpoint the train job (scalelab.training.job) calls `flush(wait=False)`,
+which hands the list to a writer process (scalelab.tracking.writer) that stores it with `log_batch`
+and retries on failure, and returns at once; the metrics not yet confirmed (`pending_metrics()`) go
+into the checkpoint, so a job killed while the writer is busy re-sends them on resume
+(`replay_metrics`; SQL stores drop the exact duplicates this can give). `flush()` (wait=True)
+blocks until everything is stored, in this process when no writer runs (evaluation, the study).
+`finish()` flushes, waits at most about FINISH_WAIT_S and sets the status: `training.job.run` calls
+it on success and on failure alike, so a killed run ends KILLED or FAILED, never RUNNING.
+
+The store is `MLFLOW_TRACKING_URI` when set, else `mlflow.db` (SQLite) at the repository root.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from scalelab.runtime.paths import repo_root
+from scalelab.tracking.writer import ProcessWriter, store
+from scalelab.tracking.writer import Row as MetricRow
+
+log = logging.getLogger(__name__)
+PARAM_MAX_CHARS = 6000
+BATCH_PARAMS = 100
+FINISH_WAIT_S = 20.0  # finish() takes at most about this long (torchrun SIGKILLs 30 s after SIGTERM)
+# MLflow 3's UI opens an experiment of this kind on its runs table, not on the GenAI overview
+EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
+
+
+def tracking_uri() -> str:
+    """MLFLOW_TRACKING_URI, else an absolute sqlite URI for mlflow.db at the repository root."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{repo_root() / 'mlflow.db'}"
+
+
+class Tracker:
+    """The interface, and the no-op tracker used when tracking is off or rank != 0."""
+
+    run_id: str | None = None
+
+    def log_params(self, params: dict[str, Any]) -> None: ...
+    def set_tags(self, tags: dict[str, Any]) -> None: ...
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
+    def log_artifact(self, path: str | Path, folder: str | None = None) -> None: ...
+    def log_dict(self, obj: Any, name: str) -> None: ...
+    def log_text(self, text: str, name: str) -> None: ...
+    def flush(self, wait: bool = True) -> None: ...
+    def pending_metrics(self) -> list[MetricRow]:
+        return []
+
+    def replay_metrics(self, rows: list[MetricRow]) -> None: ...
+    def finish(self, status: str = "FINISHED") -> None: ...
+
+
+NullTracker = Tracker
+
+
+class MlflowTracker(Tracker):
+    """One MLflow run, opened (or resumed) by `open()`."""
+
+    def __init__(self, client: Any, run_id: str) -> None:
+        self.client = client
+        self.run_id = run_id
+        self._metrics: list[MetricRow] = []  # logged, not yet handed to a writer
+        self._writer: ProcessWriter | None = None  # started by the first flush(wait=False)
+
+    @classmethod
+    def open(
+        cls,
+        experiment: str,
+        *,
+        run_name: str,
+        tags: dict[str, Any] | None = None,
+        run_id: str | None = None,
+        parent_run_id: str | None = None,
+    ) -> MlflowTracker:
+        """Starts a new run, or resumes `run_id` (its status goes back to RUNNING)."""
+        from mlflow import MlflowClient
+
+        client = MlflowClient(tracking_uri())
+        if run_id is not None:
+            client.update_run(run_id, status="RUNNING")
+            return cls(client, run_id)
+        tags = dict(tags or {})
+        if parent_run_id:
+            tags["mlflow.parentRunId"] = parent_run_id
+        run = client.create_run(
+            experiment_id(client, experiment), run_name=run_name, tags={k: str(v) for k, v in tags.items()}
+        )
+        return cls(client, run.info.run_id)
+
+    @classmethod
+    def attach(cls, run_id: str) -> MlflowTracker:
+        """Logs into an existing run without touching its status (e.g. evaluation)."""
+        from mlflow import MlflowClient
+
+        return cls(MlflowClient(tracking_uri()), run_id)
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, str(v)[:PARAM_MAX_CHARS]) for k, v in sorted(params.items())]
+        for i in range(0, len(items), BATCH_PARAMS):
+            self.client.log_batch(self.run_id, params=items[i : i + BATCH_PARAMS])
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        from mlflow.entities import RunTag
+
+        items = [RunTag(k, str(v)) for k, v in sorted(tags.items())]
+        for i in range(0, len(items), BATCH_PARAMS):
+            self.client.log_batch(self.run_id, tags=items[i : i + BATCH_PARAMS])
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        now = int(time.time() * 1000)
+        self._metrics += [(k, float(v), now, step) for k, v in metrics.items()]
+
+    def log_artifact(self, path: str | Path, folder: str | None = None) -> None:
+        self.client.log_artifact(self.run_id, str(path), folder)
+
+    def log_dict(self, obj: Any, name: str) -> None:
+        self.log_text(json.dumps(obj, indent=2, sort_keys=True, default=str), name)
+
+    def log_text(self, text: str, name: str) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / Path(name).name
+            path.write_text(text)
+            self.log_artifact(path, str(Path(name).parent) if Path(name).parent != Path(".") else None)
+
+    @property
+    def writer_pid(self) -> int | None:
+        """The writer process's pid once a flush(wait=False) started it (for benchmarks)."""
+        return self._writer.pid if self._writer is not None else None
+
+    def _async_writer(self) -> ProcessWriter:
+        if self._writer is None:
+            self._writer = ProcessWriter(self.client.tracking_uri, self.run_id)
+        return self._writer
+
+    def flush(self, wait: bool = True, timeout_s: float = FINISH_WAIT_S) -> None:
+        """Sends buffered metrics. Without `wait`, hands them to the writer process and returns at
+        once; with it, blocks until they are stored (or `timeout_s` passes) and logs in this
+        process when no writer runs."""
+        if self._metrics and (not wait or self._writer is not None):
+            self._async_writer().submit(self._metrics)
+            self._metrics = []
+        if not wait:
+            return
+        if self._writer is not None and not self._writer.drain(timeout_s):
+            if self._writer.alive():
+                log.warning("%d metrics not yet stored after %.0f s", len(self._writer.pending()), timeout_s)
+                return
+            self._metrics = self._writer.take_pending() + self._metrics  # the writer died: send here
+        if self._metrics and store(self.client, self.run_id, self._metrics, attempts=1):
+            self._metrics = []
+
+    def pending_metrics(self) -> list[MetricRow]:
+        """Metrics logged but not yet confirmed stored, oldest first (for checkpoints)."""
+        return (self._writer.pending() if self._writer else []) + list(self._metrics)
+
+    def replay_metrics(self, rows: list[MetricRow]) -> None:
+        """Queues metrics saved by `pending_metrics()` in an earlier try, with their timestamps."""
+        if rows:
+            self._async_writer().submit([tuple(r) for r in rows])
+
+    def finish(self, status: str = "FINISHED") -> None:
+        """Stores what is buffered (waiting at most ~FINISH_WAIT_S in all), then sets the status."""
+        deadline = time.monotonic() + FINISH_WAIT_S
+        self.flush(wait=True, timeout_s=FINISH_WAIT_S / 2)
+        if self._writer is not None:
+            self._writer.close(timeout_s=2.0)
+            self._metrics = self._writer.take_pending() + self._metrics
+            self._writer = None
+        for delay_s in (0.0, 1.0, 2.0, 4.0):
+            if not self._metrics or time.monotonic() + delay_s > deadline:
+                break
+            time.sleep(delay_s)
+            if store(self.client, self.run_id, self._metrics, attempts=1):
+                self._metrics = []
+        if self._metrics:
+            log.warning("%d metrics could not be stored in MLflow", len(self._metrics))
+        self.client.set_terminated(self.run_id, status=status)
+
+
+def experiment_id(client: Any, name: str) -> str:
+    """The id of experiment `name`, created if missing (safe against a concurrent creator)."""
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    try:
+        return client.create_experiment(name, tags=EXPERIMENT_TAGS)
+    except Exception:
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id

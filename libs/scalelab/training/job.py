@@ -1,0 +1,266 @@
+"""One training job on every rank: resume, loop, checkpoint, track, write results/train/.
+
+`run()` is what each process executes (under torchrun, srun or alone), with the params and run
+plan that `scalelab train` resolved once. Global rank 0 alone writes shared files and talks to
+MLflow; the others hold a no-op tracker. Rank 0 broadcasts the run id, and local rank 0 of every
+node logs that node's system metrics into it (scalelab.tracking.sysmetrics).
+Whatever ends the job, the run gets a final status: FINISHED, KILLED (SIGTERM, Ctrl-C, a
+preemption stop) or FAILED (any other exception), after the buffered metrics are flushed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from scalelab.config import Params, flatten, to_dict
+from scalelab.data.store import load_split, verify
+from scalelab.runtime import dist, seeds
+from scalelab.runtime.device import setup_process
+from scalelab.runtime.io import atomic_write_bytes, atomic_write_json
+from scalelab.runtime.paths import repo_root
+from scalelab.runtime.signals import StopFlag
+from scalelab.tracking import MlflowTracker, NullTracker, Tracker, provenance, sysmetrics
+from scalelab.training import profiling, strategy, workloads
+from scalelab.training.checkpoint import Checkpointer, checkpoint_state, fingerprint, restore
+from scalelab.training.evaluation import evaluate
+from scalelab.training.loader import make_loader
+from scalelab.training.loop import Loop, Optim, build_loop
+from scalelab.training.meter import Meter
+from scalelab.training.plan import METRICS_FILE, MODEL_FILE, RUN_FILE, RunPlan
+
+log = logging.getLogger(__name__)
+PENDING_KEY = "pending_metrics"  # checkpoint entry: metrics not yet confirmed stored in MLflow
+
+
+def run_name(params: Params, world_size: int) -> str:
+    t = params.train
+    return f"{t.strategy}-w{world_size}-{t.precision}-seed{t.seed}"
+
+
+def open_tracker(
+    params: Params, env: dist.DistEnv, ckpt: Checkpointer, device: torch.device, data_dir: str | Path
+) -> Tracker:
+    """Rank 0 opens (or resumes) the job's MLflow run; every other rank gets a no-op tracker."""
+    nodes = dist.all_gather_object(provenance.node_info())  # every rank: host name and GPUs
+    tracker: Tracker = NullTracker()
+    if env.is_main:
+        old_run = ckpt.claim()
+        if params.tracking.enabled:
+            tags = {
+                "scalelab.kind": "train",
+                "scalelab.strategy": params.train.strategy,
+                "scalelab.workload": params.train.workload,
+                "scalelab.device": device.type,
+            }
+            tracker = MlflowTracker.open(
+                params.tracking.experiment,
+                run_name=run_name(params, env.world_size),
+                tags=tags,
+                run_id=old_run or params.tracking.run_id or None,
+            )
+            if old_run is None:
+                if params.tracking.run_id:  # a run made in advance (sweep element): tag it here
+                    tracker.set_tags(tags)
+                log_run_inputs(tracker, params, env, nodes, data_dir)
+            else:  # a resumed job: record where and how often it restarted
+                tracker.set_tags(provenance.launcher_info())
+        ckpt.record(tracker.run_id)
+    dist.barrier()  # the checkpoint folder is settled before any rank reads it
+    return tracker
+
+
+def log_run_inputs(
+    tracker: Tracker, params: Params, env: dist.DistEnv, nodes: list[dict[str, str]], data_dir: str | Path
+) -> None:
+    """Params of every stage, the seed ledger, provenance and the resolved config."""
+    stages = {k: v for k, v in to_dict(params).items() if k != "speedup"}
+    ledger = seeds.ledger(params.train.seed, env.world_size, params.train.num_workers, params.train.deterministic)
+    tracker.log_params({**flatten(stages), **seeds.ledger_params(ledger), "world_size": env.world_size})
+    consumed = {"train": to_dict(params.train), "tracking": to_dict(params.tracking)}  # dvc.yaml: train
+    tags, artifacts = provenance.collect(repo_root(), data_dir=data_dir, nodes=nodes, params_sections=consumed)
+    tracker.set_tags(tags)
+    tracker.log_dict(ledger, "seeds.json")
+    tracker.log_dict(to_dict(params), "config.json")
+    for name, text in artifacts.items():
+        tracker.log_text(text, name)
+
+
+def run(
+    params: Params, plan: RunPlan, data_dir: str | Path, out_dir: str | Path, stop: StopFlag | None = None
+) -> dict[str, Any]:
+    """Trains to the end (or to a stop signal) and returns the summary (meaningful on rank 0)."""
+    env = dist.read_env()
+    t = params.train
+    device = setup_process(env, device=t.device, threads=t.threads_per_process, deterministic=t.deterministic)
+    out = Path(out_dir)
+    manifest = verify(data_dir)
+    ckpt = Checkpointer(out / "checkpoints", fingerprint(t, manifest, plan.world_size), keep=t.keep_checkpoints)
+    if env.is_main and t.profile.enabled:
+        profiling.clear(out / "profile")  # an earlier run's traces must not be logged with this one
+    tracker = open_tracker(params, env, ckpt, device, data_dir)
+    monitor = sysmetrics.NodeMonitor(None)
+    try:
+        monitor = sysmetrics.start(
+            dist.broadcast_object(tracker.run_id), env, params.tracking.system_metrics_interval_s
+        )
+        summary = _train(params, plan, env, device, manifest, data_dir, out, ckpt, tracker, stop)
+    except BaseException as exc:
+        monitor.stop()
+        tracker.finish("KILLED" if isinstance(exc, (SystemExit, KeyboardInterrupt)) else "FAILED")
+        raise
+    monitor.stop()
+    tracker.finish("FINISHED" if not summary.get("preempted") else "KILLED")
+    return summary
+
+
+def _train(
+    params: Params,
+    plan: RunPlan,
+    env: dist.DistEnv,
+    device: torch.device,
+    manifest: dict[str, Any],
+    data_dir: str | Path,
+    out: Path,
+    ckpt: Checkpointer,
+    tracker: Tracker,
+    stop: StopFlag | None,
+) -> dict[str, Any]:
+    train = params.train
+    x, y = load_split(data_dir, "train")
+    val_x, val_y = load_split(data_dir, "val")
+    seeds.seed_all(train.seed)  # identical model initialisation on every rank
+    wl = workloads.load(
+        train.workload, train.model, input_shape=manifest["input_shape"], num_classes=manifest["num_classes"]
+    )
+    optim = Optim(name=train.optimizer, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)
+    loop = build_loop(wl, device, strategy_name=train.strategy, precision=train.precision, optim=optim)
+    state = ckpt.load_latest()
+    step = restore(state, loop, train.seed, env)
+    tracker.replay_metrics((state or {}).get(PENDING_KEY, []))  # those the killed try may not have stored
+    total, per_epoch, accum = plan.total_steps, plan.steps_per_epoch, plan.grad_accum_steps
+    meter = Meter(train.warmup_steps + step, plan.global_batch)
+    bar = tqdm(
+        total=total,
+        initial=step,
+        disable=not env.is_main,
+        file=sys.stderr,
+        mininterval=1.0 if sys.stderr.isatty() else 10.0,
+        desc=run_name(params, env.world_size),
+    )
+    stopped = False
+    with profiling.profiler(train.profile, out / "profile", env.rank) as prof:
+        while step < total and not stopped:
+            epoch = step // per_epoch
+            batches = iter(
+                make_loader(
+                    x,
+                    y,
+                    plan,
+                    env,
+                    seed=train.seed,
+                    num_workers=train.num_workers,
+                    epoch=epoch,
+                    skip_batches=(step - epoch * per_epoch) * accum,
+                )
+            )
+            for _ in range(step - epoch * per_epoch, per_epoch):
+                loss = loop.step([next(batches) for _ in range(accum)])
+                step += 1
+                prof.step()
+                meter.add(step, loss)
+                bar.update(1)
+                if step % train.log_every_steps == 0 or step == total:
+                    window = meter.window(step, device)
+                    tracker.log_metrics(window, step)
+                    bar.set_postfix(
+                        loss=f"{window['train_loss']:.4f}",
+                        samples_s=f"{window.get('samples_per_s', 0):,.0f}",
+                        refresh=False,
+                    )
+                if step % per_epoch == 0:
+                    val = evaluate(loop.model, loop.workload, val_x, val_y, env, device)
+                    tracker.log_metrics({"val_loss": val["loss"], "val_accuracy": val["accuracy"]}, step)
+                stopped = stop is not None and stop.everywhere(device)
+                if step % train.checkpoint_every_steps == 0 or step == total or stopped:
+                    _checkpoint(loop, epoch, step, env, ckpt, tracker)
+                if stopped:
+                    break
+    bar.close()
+    summary = {
+        "step": step,
+        "total_steps": total,
+        "preempted": stopped,
+        "run_id": tracker.run_id,
+        "rank_weight_sha256": dist.all_gather_object(weights_digest(loop.model)),
+        **meter.summary(),
+    }
+    if env.is_main and not stopped:
+        _write_outputs(params, loop, manifest, out, summary, tracker, env)
+    dist.barrier()
+    return summary
+
+
+def _checkpoint(loop: Loop, epoch: int, step: int, env: dist.DistEnv, ckpt: Checkpointer, tracker: Tracker) -> None:
+    """Saves a checkpoint (rank 0) holding the metrics MLflow has not yet confirmed.
+
+    The metrics go to the background writer without waiting; those still unconfirmed are saved
+    in the checkpoint, and a resume from it sends them again, so none is lost and none is logged
+    twice (SQL stores drop exact duplicates).
+    """
+    tracker.flush(wait=False)
+    state = checkpoint_state(loop, epoch, tracker.run_id)
+    if env.is_main:
+        ckpt.save(step, {**state, PENDING_KEY: tracker.pending_metrics()})
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """sha256 over the model's parameters and buffers: equal digests mean equal weights."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(strategy.unwrap(model).state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _write_outputs(
+    params: Params,
+    loop: Loop,
+    manifest: dict[str, Any],
+    out: Path,
+    summary: dict[str, Any],
+    tracker: Tracker,
+    env: dist.DistEnv,
+) -> None:
+    buf = io.BytesIO()
+    torch.save(
+        {
+            "model": strategy.unwrap(loop.model).state_dict(),
+            "workload": params.train.workload,
+            "model_config": params.train.model,
+            "input_shape": manifest["input_shape"],
+            "num_classes": manifest["num_classes"],
+        },
+        buf,
+    )
+    atomic_write_bytes(out / MODEL_FILE, buf.getvalue())
+    digests = summary["rank_weight_sha256"]
+    metrics = {k: summary[k] for k in ("samples_per_s", "step_time_ms") if k in summary}
+    metrics["ranks_in_sync"] = float(len(set(digests)) == 1)
+    atomic_write_json(out / METRICS_FILE, {**metrics, "steps": summary["step"]})
+    atomic_write_json(
+        out / RUN_FILE,
+        {"run_id": tracker.run_id, "experiment": params.tracking.experiment, "rank_weight_sha256": digests},
+    )
+    tracker.log_metrics(metrics, summary["step"])
+    tracker.set_tags({"weights.sha256": digests[0], "weights.ranks_in_sync": str(len(set(digests)) == 1).lower()})
+    tracker.log_artifact(out / METRICS_FILE)
+    if params.train.profile.enabled:
+        profiling.log_artifacts(tracker, out / "profile", env.world_size, summary["step"])

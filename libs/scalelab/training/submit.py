@@ -1,0 +1,135 @@
+"""`scalelab train` end to end: validate and plan once, then run here, under torchrun, or on SLURM.
+
+    scalelab train --params params.yaml --data data/prepared --out results/train
+
+`launch()` checks everything before any process, job or MLflow run exists: the prepared data, the
+model, the run plan (`RunPlan.of`) and the job's shape (on this machine, or the SLURM pre-flight).
+It writes `<out>/resolved.json` once; every rank reads it (`scalelab train-worker`), locally and on
+SLURM alike. By hand, on 2 CPU processes, after a `scalelab train` has written it:
+
+    torchrun --standalone --nproc-per-node 2 -m scalelab.cli train-worker \
+        --resolved results/train/resolved.json --data data/prepared --out results/train
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from scalelab.config import ConfigError, Params
+from scalelab.data.store import verify
+from scalelab.launch import slurm
+from scalelab.launch.local import LaunchError, run_workers, worker_env
+from scalelab.launch.shape import check_shape, local_capacity, train_shape
+from scalelab.runtime.io import atomic_write_json
+from scalelab.runtime.signals import StopFlag, raise_on_sigterm
+from scalelab.tracking import tracking_uri
+from scalelab.training import evaluation, job, workloads
+from scalelab.training.plan import RunPlan, read_resolved, write_resolved
+
+
+def resolve(params: Params, data_dir: str | Path, out_dir: str | Path) -> Path:
+    """Checks the data, the model and the plan, and writes `<out_dir>/resolved.json`.
+
+    Raises:
+        ConfigError, DataError: before anything has started.
+    """
+    manifest = verify(data_dir)
+    t = params.train
+    workloads.load(
+        t.workload,
+        t.model,
+        input_shape=manifest["input_shape"],  # a model that cannot be built
+        num_classes=manifest["num_classes"],
+    )
+    plan = RunPlan.of(t, manifest["splits"]["train"]["num_samples"])
+    return write_resolved(out_dir, params, plan)
+
+
+def launch(params: Params, data_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
+    """Validates, plans, and trains: in this process (single, dp), under torchrun (ddp) or on SLURM."""
+    t = params.train
+    if t.launcher == "local":
+        misfit = check_shape(train_shape(t), local_capacity())
+        if misfit:
+            raise ConfigError(misfit.message("train"))
+    resolved = resolve(params, data_dir, out_dir)
+    if t.launcher == "slurm":
+        return run_slurm(params, resolved, data_dir, out_dir)
+    if t.strategy != "ddp":
+        return run_worker(resolved, data_dir, out_dir)
+    proc = run_workers(
+        ["train-worker", "--resolved", str(resolved), "--data", str(data_dir), "--out", str(out_dir)],
+        nproc=t.nproc_per_node,
+        threads_per_process=t.threads_per_process,
+    )
+    if proc.returncode != 0:
+        raise LaunchError(f"torchrun exited with {proc.returncode}: see the rank tracebacks above")
+    return {}
+
+
+def run_worker(resolved: str | Path, data_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
+    """One rank of a local job (or the whole job for single and dp): SIGTERM ends the run KILLED."""
+    raise_on_sigterm()
+    params, plan = read_resolved(resolved)
+    return job.run(params, plan, data_dir, out_dir)
+
+
+def run_slurm(params: Params, resolved: Path, data_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
+    """Pre-flight, submit one training job through submitit, stream it, and wait for it."""
+    profile = slurm.load_profile(params.slurm.profile)
+    slurm.preflight(params, profile, tracking_uri())
+    os.environ.update(worker_env(params.train.threads_per_process))  # sbatch exports it to the tasks
+    ex = slurm.train_executor(params, profile, name=f"scalelab-{params.train.workload}")
+    submitted = slurm.submit(
+        ex, TrainJob(str(resolved.resolve()), str(Path(data_dir).resolve()), str(Path(out_dir).resolve()))
+    )
+    atomic_write_json(Path(out_dir) / "slurm.json", {"job_id": submitted.job_id, "folder": str(submitted.paths.folder)})
+    print(
+        f"submitted SLURM job {submitted.job_id} ({params.train.num_nodes} nodes x "
+        f"{params.train.nproc_per_node} tasks); logs in {submitted.paths.folder}",
+        flush=True,
+    )
+    try:
+        return slurm.wait(submitted, params.slurm.poll_interval_s)
+    except Exception:
+        raise LaunchError(
+            f"SLURM job {submitted.job_id} failed: {slurm.error_line(submitted)}; logs: {submitted.paths.stderr}"
+        ) from None
+
+
+class TrainJob:
+    """The callable each SLURM task runs: one rank of the training job; checkpointable."""
+
+    def __init__(self, resolved: str, data_dir: str, out_dir: str, evaluate: bool = False) -> None:
+        self.resolved, self.data_dir, self.out_dir, self.evaluate = resolved, data_dir, out_dir, evaluate
+
+    def __call__(self) -> dict[str, Any]:
+        import submitit
+
+        # cuda devices: one task per GPU, picked by LOCAL_RANK in runtime.device.setup_process
+        submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+        # submitit's folder with %j resolved, for the provenance tag launch.submitit_folder
+        os.environ["SUBMITIT_FOLDER"] = str(submitit.JobEnvironment().paths.folder)
+        requeue = signal.getsignal(signal.SIGUSR2)  # submitit's: checkpoint() + scontrol requeue
+        stop = StopFlag().arm(signal.SIGUSR2)  # ours: only sets a flag; the loop acts on it
+        params, plan = read_resolved(self.resolved)
+        summary = job.run(params, plan, self.data_dir, self.out_dir, stop=stop)
+        rank = int(os.environ["RANK"])
+        if summary["preempted"]:
+            if rank == 0 and callable(requeue):
+                requeue(signal.SIGUSR2, None)  # the checkpoint is on disk: requeue (and exit)
+            time.sleep(300)  # other ranks wait for the requeue to end them; no stale result
+            raise RuntimeError("preempted, but the job was not requeued within 300 s")
+        if self.evaluate and rank == 0:
+            summary["eval"] = evaluation.run(params, self.data_dir, self.out_dir, Path(self.out_dir) / "eval.json")
+        return summary
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        """Called by submitit on rank 0 before requeueing: the state is already on disk."""
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self, *args, **kwargs)

@@ -1,0 +1,193 @@
+"""Sweeps: a grid of params overrides submitted as one SLURM job array.
+
+    scalelab sweep submit  --name lr-seed -S train.lr=0.001,0.003 -S train.seed=0,1
+    scalelab sweep status  --name lr-seed
+    scalelab sweep collect --name lr-seed     # -> results/sweeps/lr-seed/summary.csv
+
+`submit` validates every element (params, data, pre-flight) before anything is submitted, makes one
+MLflow parent run and one child per element, submits the array and returns at once. Each element
+is a (possibly multi-node) DDP job that logs into its own child run; a failing element does not
+stop the others. Values reach the jobs as data, in each element's resolved.json, never through a shell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from scalelab.config import ConfigError, Params, parse_params, read_yaml
+from scalelab.config.overrides import apply, expand, parse_overrides
+from scalelab.config.schema import load_params
+from scalelab.data.store import verify
+from scalelab.launch import slurm
+from scalelab.runtime.io import atomic_write_json
+from scalelab.tracking import MlflowTracker, tracking_uri
+from scalelab.training.submit import TrainJob, resolve
+
+ROOT = Path("results/sweeps")
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+SHAPE_KEYS = ("train.num_nodes", "train.nproc_per_node", "train.threads_per_process", "train.launcher")
+
+
+def plan(params_file: str, specs: list[str]) -> tuple[Params, list[tuple[dict, Params]]]:
+    """Validates the base params and every element; returns (base, [(overrides, params)])."""
+    base = load_params(params_file)
+    raw = read_yaml(params_file)
+    grid = parse_overrides(specs)
+    bad = [k for k in grid if k in SHAPE_KEYS]
+    if bad:
+        raise ConfigError(
+            f"-S {bad[0]} is not allowed in a sweep: one job array has one job shape "
+            f"({', '.join(SHAPE_KEYS)}); submit one sweep per shape"
+        )
+    elements = []
+    for overrides in expand(grid):
+        try:
+            elements.append((overrides, parse_params(apply(raw, overrides), params_file)))
+        except ConfigError as exc:
+            raise ConfigError(f"sweep element {overrides}: {exc}") from None
+    return base, elements
+
+
+def submit(args: argparse.Namespace) -> int:
+    if not NAME.match(args.name):
+        raise ConfigError(f"--name {args.name!r} is not allowed: letters, digits, '_', '.', '-' (max 64)")
+    folder = ROOT / args.name
+    if (folder / "manifest.json").exists():
+        raise ConfigError(f"--name {args.name!r}: {folder} already holds a sweep; pick another name")
+    base, elements = plan(args.params, args.set)
+    verify(args.data)
+    profile = slurm.load_profile(base.slurm.profile)
+    for _, params in elements:
+        slurm.preflight(params, profile, tracking_uri())
+    data_dir = str(Path(args.data).resolve())
+    for i, (_, params) in enumerate(elements):  # a plan that does not fit fails here, before any run
+        resolve(params, data_dir, folder / f"{i:03d}")
+    parent = MlflowTracker.open(
+        base.tracking.experiment,
+        run_name=f"sweep-{args.name}",
+        tags={"scalelab.kind": "sweep", "scalelab.sweep": args.name},
+    )
+    parent.log_params({"overrides": " ".join(args.set), "elements": len(elements)})
+    jobs, manifest = [], {"name": args.name, "parent_run_id": parent.run_id, "elements": []}
+    ex = slurm.train_executor(base, profile, name=f"sweep-{args.name}")
+    ex.update_parameters(slurm_array_parallelism=base.sweep.array_parallelism)
+    with ex.batch():
+        for i, (overrides, params) in enumerate(elements):
+            child = _child_run(base, parent.run_id, args.name, i, overrides)
+            params = dataclasses.replace(params, tracking=dataclasses.replace(params.tracking, run_id=child))
+            out = (folder / f"{i:03d}").resolve()
+            resolved = resolve(params, data_dir, out)
+            jobs.append(ex.submit(TrainJob(str(resolved), data_dir, str(out), evaluate=base.sweep.evaluate)))
+            manifest["elements"].append({"index": i, "overrides": overrides, "run_id": child, "out": str(out)})
+    for element, job in zip(manifest["elements"], jobs):
+        element.update(job_id=job.job_id, log_folder=str(job.paths.folder))
+    atomic_write_json(folder / "manifest.json", manifest)
+    print(
+        f"submitted sweep {args.name!r}: {len(jobs)} elements as job array {jobs[0].job_id.split('_')[0]} "
+        f"(at most {base.sweep.array_parallelism} at once); manifest: {folder / 'manifest.json'}"
+    )
+    return 0
+
+
+def _child_run(base: Params, parent_id: str, name: str, index: int, overrides: dict[str, Any]) -> str:
+    label = "-".join(f"{k.split('.')[-1]}{v}" for k, v in overrides.items())
+    child = MlflowTracker.open(
+        base.tracking.experiment,
+        run_name=f"{name}-{index:03d}-{label}"[:200],
+        parent_run_id=parent_id,
+        tags={"scalelab.sweep": name, "scalelab.sweep_index": index},
+    )
+    child.log_params({f"override.{k}": v for k, v in overrides.items()})
+    child.client.update_run(child.run_id, status="SCHEDULED")
+    return child.run_id
+
+
+def _manifest(name: str) -> dict[str, Any]:
+    path = ROOT / name / "manifest.json"
+    if not path.is_file():
+        raise ConfigError(
+            f"--name {name!r}: {path} does not exist; sweeps: "
+            f"{', '.join(sorted(p.name for p in ROOT.glob('*'))) or 'none'}"
+        )
+    return json.loads(path.read_text())
+
+
+def _job(element: dict[str, Any]) -> Any:
+    import submitit
+
+    return submitit.SlurmJob(folder=element["log_folder"], job_id=element["job_id"])
+
+
+def status(args: argparse.Namespace) -> int:
+    for element in _manifest(args.name)["elements"]:
+        print(f"{element['index']:03d}  {element['job_id']:>10}  {_job(element).state:<10}  {element['overrides']}")
+    return 0
+
+
+METRICS = ("train_loss", "val_loss", "val_accuracy", "test_accuracy", "test_loss", "samples_per_s", "step_time_ms")
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE"}
+
+
+def _row(client: Any, element: dict[str, Any]) -> dict[str, Any]:
+    job = _job(element)
+    state = job.state
+    row = {
+        "index": element["index"],
+        "job_id": element["job_id"],
+        "state": state,
+        **{f"override.{k}": v for k, v in element["overrides"].items()},
+        "run_id": element["run_id"],
+    }
+    if state == "COMPLETED" and (Path(element["out"]) / "run.json").is_file():
+        metrics = client.get_run(element["run_id"]).data.metrics
+        row.update(status="finished", **{k: metrics.get(k) for k in METRICS}, error="")
+    elif state in ENDED:
+        row.update(status="failed", error=slurm.error_line(job))
+        if client.get_run(element["run_id"]).info.status in ("SCHEDULED", "RUNNING"):
+            client.set_terminated(element["run_id"], status="FAILED")
+    else:
+        row.update(status="pending" if state in ("PENDING", "UNKNOWN", "REQUEUED") else "running", error="")
+    return row
+
+
+def collect(args: argparse.Namespace) -> int:
+    """Writes results/sweeps/<name>/summary.csv: one row per element, failed ones with their error."""
+    import pandas as pd
+    from mlflow import MlflowClient
+
+    manifest = _manifest(args.name)
+    client = MlflowClient(tracking_uri())
+    frame = pd.DataFrame([_row(client, e) for e in manifest["elements"]])
+    out = ROOT / args.name / "summary.csv"
+    frame.to_csv(out, index=False)
+    shown = frame.drop(columns=["run_id"]).to_string(index=False, max_colwidth=80)
+    print(f"{shown}\n-> {out}")
+    counts = frame.status.value_counts().to_dict()
+    if counts.get("pending", 0) + counts.get("running", 0) == 0:
+        parent = manifest["parent_run_id"]
+        tracker = MlflowTracker.attach(parent)
+        tracker.log_metrics({"finished": counts.get("finished", 0), "failed": counts.get("failed", 0)}, 0)
+        tracker.log_artifact(out)
+        tracker.finish("FINISHED")
+    return 0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`scalelab sweep submit|status|collect`."""
+    sub = parser.add_subparsers(dest="action", required=True)
+    p = sub.add_parser("submit", help="validate, submit the job array, and return")
+    p.add_argument("--name", required=True)
+    p.add_argument("--params", default="params.yaml")
+    p.add_argument("--data", default="data/prepared")
+    p.add_argument("-S", "--set", action="append", required=True, metavar="KEY=V1,V2")
+    for action in ("status", "collect"):
+        sub.add_parser(action).add_argument("--name", required=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    return {"submit": submit, "status": status, "collect": collect}[args.action](args)

@@ -1,0 +1,38 @@
+"""Builds workloads by name. A workload is a module `experiments/<name>.py` that defines:
+
+- `Config`: a frozen dataclass of its model knobs (params `train.model`);
+- `build_model(cfg, *, input_shape, num_classes) -> nn.Module`: pure model code;
+- `loss(logits, targets) -> Tensor` and `metrics(logits, targets) -> dict[str, Tensor]` (sums over
+  the batch, so that they add up across batches and ranks).
+
+scalelab never imports experiments statically: the name comes from params.yaml, and
+`scalelab.config.registry` finds the module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from scalelab.config import build
+from scalelab.config.registry import workload_module
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    name: str
+    config: Any
+    model: torch.nn.Module
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    metrics: Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]
+
+
+def load(name: str, model: dict[str, Any], *, input_shape: list[int], num_classes: int, key: str = "train") -> Workload:
+    """Builds the workload's model on the CPU with the current torch RNG state."""
+    module = workload_module(name, key)
+    cfg = build(module.Config, model, f"{key}.model")
+    net = module.build_model(cfg, input_shape=list(input_shape), num_classes=num_classes)
+    return Workload(name, cfg, net, module.loss, module.metrics)

@@ -1,0 +1,84 @@
+"""Test helpers: tiny params, writing them, running the CLI, and the training-only pipeline.
+
+Import them from here (`from helpers import run_cli`); conftest.py holds only fixtures.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def tiny_params(**sections: dict[str, Any]) -> dict[str, Any]:
+    """params.yaml shrunk to seconds of work; `sections` update it key by key (nested)."""
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["train"].update(
+        epochs=2,
+        batch_size=32,
+        checkpoint_every_steps=10,
+        log_every_steps=5,
+        warmup_steps=2,
+        model={"hidden": [32], "dropout": 0.1},
+    )
+    return merge(params, sections)
+
+
+def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict) and key != "model":
+            merge(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
+def write_params(path: Path, params: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    return path
+
+
+def run_cli(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, check: bool = True, timeout: float = 600
+) -> subprocess.CompletedProcess:
+    """Runs `scalelab ARGS` (or another .venv tool when args[0] is one) in `cwd`."""
+    tool = args[0] if (BIN / args[0]).exists() and args[0] in ("dvc", "mlflow", "torchrun") else None
+    cmd = [str(BIN / tool), *args[1:]] if tool else [str(BIN / "scalelab"), *args]
+    full_env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", **(env or {})}
+    proc = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{cmd} exited {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
+        )
+    return proc
+
+
+def training_pipeline(repo: Path, params: dict[str, Any], commit: bool = False) -> dict[str, Any]:
+    """Writes `params` without the speedup section and a dvc.yaml of prepare/train/evaluate only."""
+    params = {k: v for k, v in params.items() if k != "speedup"}
+    write_params(repo / "params.yaml", params)
+    stages = yaml.safe_load((repo / "dvc.yaml").read_text())
+    stages["stages"] = {k: v for k, v in stages["stages"].items() if k in ("prepare", "train", "evaluate")}
+    (repo / "dvc.yaml").write_text(yaml.safe_dump(stages, sort_keys=False))
+    if commit:
+        subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qam", "tiny"], cwd=repo, check=True
+        )
+    return params
+
+
+def train_here(params: Any, data_dir: Path, out: Path, stop: Any = None) -> dict[str, Any]:
+    """Trains in this process as a rank does: resolve (data, model, plan) once, then run the job."""
+    from scalelab.training import job
+    from scalelab.training.plan import read_resolved
+    from scalelab.training.submit import resolve
+
+    params, plan = read_resolved(resolve(params, data_dir, out))
+    return job.run(params, plan, data_dir, out, stop=stop)

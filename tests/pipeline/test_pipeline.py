@@ -1,0 +1,62 @@
+"""The real pipeline: `dvc repro` in a committed copy of the repo, MLflow read back from mlflow.db."""
+
+import json
+
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+from helpers import run_cli, training_pipeline, write_params
+
+pytestmark = pytest.mark.integration
+
+
+def only_train_run(repo):
+    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("scalelab")
+    runs = client.search_runs([exp.experiment_id], "tags.`scalelab.kind` = 'train'")
+    assert len(runs) == 1, [r.info.run_name for r in runs]
+    return runs[0]
+
+
+def test_dvc_repro_end_to_end(repo_copy):
+    # the study has its own test; this one checks the training path with the default params
+    params = training_pipeline(repo_copy, yaml.safe_load((repo_copy / "params.yaml").read_text()))
+    run_cli("dvc", "repro", cwd=repo_copy)
+
+    metrics = json.loads((repo_copy / "results/eval/metrics.json").read_text())
+    assert metrics["test_accuracy"] >= 0.95, metrics  # the default digits workload
+    shown = run_cli("dvc", "metrics", "show", cwd=repo_copy).stdout
+    assert "test_accuracy" in shown
+
+    run = only_train_run(repo_copy)
+    assert run.info.status == "FINISHED" and run.info.run_name == "ddp-w2-fp32-seed0"
+    assert run.data.params["train.lr"] == str(params["train"]["lr"])
+    assert run.data.params["data.source"] == "digits"
+    assert {k for k in run.data.params if k.startswith("seed.rank.")} == {"seed.rank.0", "seed.rank.1"}
+    assert len(run.data.tags["git.commit"]) == 40 and run.data.tags["git.dirty"] in ("true", "false")
+    for key in ("samples_per_s", "step_time_ms", "train_loss", "val_accuracy", "test_accuracy", "test_loss"):
+        assert key in run.data.metrics, key
+    assert run.data.metrics["test_accuracy"] == pytest.approx(metrics["test_accuracy"])
+    artifacts = {a.path for a in MlflowClient(f"sqlite:///{repo_copy / 'mlflow.db'}").list_artifacts(run.info.run_id)}
+    assert {"config.json", "seeds.json"} <= artifacts
+
+    again = run_cli("dvc", "repro", cwd=repo_copy).stdout
+    assert "Data and pipelines are up to date" in again
+    only_train_run(repo_copy)
+
+    params["train"]["lr"] = 0.002
+    write_params(repo_copy / "params.yaml", params)
+    out = run_cli("dvc", "repro", cwd=repo_copy).stdout
+    assert "Running stage 'train'" in out and "Running stage 'evaluate'" in out
+    assert "Running stage 'prepare'" not in out
+
+
+def test_dvc_exp_run_with_set_param(repo_copy):
+    params = yaml.safe_load((repo_copy / "params.yaml").read_text())
+    params["train"].update(epochs=2, model={"hidden": [32], "dropout": 0.0})
+    training_pipeline(repo_copy, params, commit=True)
+    out = run_cli("dvc", "exp", "run", "-S", "train.lr=0.01", cwd=repo_copy).stdout
+    assert "Running stage 'train'" in out
+    shown = run_cli("dvc", "exp", "show", "--no-pager", "--csv", cwd=repo_copy).stdout
+    assert "0.01" in shown and "test_accuracy" in shown

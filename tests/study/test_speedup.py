@@ -1,0 +1,103 @@
+"""The speedup study on tiny sizes: outputs, skipped rows, per-cell caching, MLflow, DVC plots."""
+
+import json
+
+import pandas as pd
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+from helpers import run_cli, tiny_params, write_params
+
+pytestmark = pytest.mark.integration
+
+TINY = {
+    "model": {"hidden": [64], "dropout": 0.0},
+    "num_features": 32,
+    "batch_size": 64,
+    "warmup_steps": 1,
+    "timed_steps": 2,
+    "repeats": 2,
+    "world_sizes": [1, 2],
+}
+COLUMNS = [
+    "strategy",
+    "world_size",
+    "nodes",
+    "threads_per_process",
+    "samples_per_s_median",
+    "samples_per_s_min",
+    "samples_per_s_max",
+    "step_time_ms_median",
+    "train_time_s",
+    "speedup",
+    "efficiency",
+    "predicted_efficiency",
+    "status",
+    "reason",
+]
+
+
+def study(workdir, **speedup):
+    write_params(workdir / "params.yaml", tiny_params(speedup={**TINY, **speedup}))
+    return run_cli("speedup", "--out", "results/speedup", cwd=workdir)
+
+
+def test_study_outputs_and_mlflow(workdir):
+    study(workdir, device="cpu")
+    out = workdir / "results/speedup"
+    frame = pd.read_csv(out / "speedup.csv", keep_default_na=False)
+    assert set(COLUMNS) <= set(frame.columns)
+    by_name = frame.set_index("name")
+    assert {"single-t1", "ddp-w1", "ddp-w2", "dp-w2"} <= set(by_name.index)
+    dp = by_name.loc["dp-w2"]
+    assert dp.status == "skipped" and "CUDA" in dp.reason and dp.samples_per_s_median == ""
+    ok = frame[frame.status == "ok"]
+    assert (ok.samples_per_s_min.astype(float) <= ok.samples_per_s_median.astype(float)).all()
+    assert float(by_name.loc["single-t1", "speedup"]) == 1.0
+    assert by_name.loc["ddp-w2", "predicted_efficiency"] != ""
+
+    md = (out / "speedup.md").read_text()
+    assert "| setup | training time (s) | speedup |" in md
+    assert "| DataParallel, 2 processes | skipped: nn.DataParallel needs >= 2 CUDA devices" in md
+    assert "Baseline for `speedup`: **single-t1**" in md and "Scaling mode: **weak**" in md
+    assert "## Prediction (not measured)" in md
+    assert (out / "speedup.png").read_bytes()[:4] == b"\x89PNG"
+    head = json.loads((out / "speedup.json").read_text())
+    assert head["ddp_world_size"] == 2 and head["ddp_efficiency"] > 0
+
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("scalelab")
+    parents = client.search_runs([exp.experiment_id], "tags.`scalelab.kind` = 'study'")
+    assert len(parents) == 1
+    parent = parents[0]
+    children = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    assert sorted(c.info.run_name for c in children) == sorted(f"{n}-seed0" for n in frame.name)
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {
+        "speedup.csv",
+        "speedup.md",
+        "speedup.png",
+        "speedup.json",
+    }
+    assert "ddp_efficiency" in parent.data.metrics
+
+
+def test_changing_one_cell_reruns_only_that_cell(workdir):
+    study(workdir, device="cpu", world_sizes=[1], strategies=["single", "ddp"])
+    second = study(workdir, device="cpu", world_sizes=[1, 2], strategies=["single", "ddp"])
+    measured = [line.split("measuring ")[1].split()[0] for line in second.stderr.splitlines() if "measuring " in line]
+    assert measured == ["ddp-w2", "ddp-w2.allreduce"], measured
+    frame = pd.read_csv(workdir / "results/speedup/speedup.csv").set_index("name")
+    assert frame.loc["single-t1", "cached"] and frame.loc["ddp-w1", "cached"]
+    assert not frame.loc["ddp-w2", "cached"]
+
+
+def test_dvc_repro_speedup_and_plots(repo_copy):
+    params = yaml.safe_load((repo_copy / "params.yaml").read_text())
+    params["speedup"].update(TINY)
+    write_params(repo_copy / "params.yaml", params)
+    run_cli("dvc", "repro", "speedup", cwd=repo_copy)
+    assert "ddp_efficiency" in run_cli("dvc", "metrics", "show", cwd=repo_copy).stdout
+    shown = run_cli("dvc", "plots", "show", "--json", cwd=repo_copy).stdout
+    assert "throughput vs workers" in shown
+    assert "Data and pipelines are up to date" in run_cli("dvc", "repro", "speedup", cwd=repo_copy).stdout

@@ -1,0 +1,125 @@
+"""`dvc repro train` in a copy of the repo: the run carries the whole provenance bundle and seed ledger."""
+
+import json
+import os
+import platform
+import socket
+import subprocess
+
+import pytest
+import torch
+import yaml
+from mlflow import MlflowClient
+
+from helpers import run_cli, tiny_params, training_pipeline
+from scalelab.config import build, to_dict
+from scalelab.config.schema import TrackingConfig, TrainConfig
+from scalelab.runtime import seeds
+from scalelab.tracking import provenance
+
+pytestmark = pytest.mark.integration
+
+
+def pipeline_without_study(repo):
+    """Tiny params and dvc.yaml without the speedup stage, left uncommitted: a dirty tree."""
+    return training_pipeline(repo, tiny_params(tracking={"system_metrics_interval_s": 2.0}))
+
+
+def artifact(client, run_id, name, tmp_path):
+    return open(client.download_artifacts(run_id, name, str(tmp_path))).read()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One `dvc repro train` shared by the checks below (they only read the store)."""
+    from helpers import REPO
+
+    repo = tmp_path_factory.mktemp("prov") / "repo"
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    for rel in files:
+        if (REPO / rel).is_file():
+            (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+            (repo / rel).write_bytes((REPO / rel).read_bytes())
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@e"]
+    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=repo, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
+    subprocess.run([*git, "commit", "-qm", "copy"], cwd=repo, check=True)
+    pipeline_without_study(repo)
+    (repo / "notes.txt").write_text("an untracked file\n")
+    run_cli("dvc", "repro", "train", cwd=repo, timeout=900)
+    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("scalelab").experiment_id])
+    assert len(runs) == 1
+    return repo, client, runs[0]
+
+
+def test_code_provenance(trained, tmp_path):
+    repo, client, run = trained
+    tags = run.data.tags
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    assert (tags["git.commit"], tags["git.branch"], tags["git.dirty"]) == (head, "main", "true")
+    assert int(tags["git.untracked"]) >= 1
+    assert "+  epochs: 2" in artifact(client, run.info.run_id, "provenance/dirty.diff", tmp_path)
+    assert "+an untracked file" in artifact(client, run.info.run_id, "provenance/untracked.diff", tmp_path)
+
+
+def test_data_and_params_hashes_match_dvc_lock(trained, tmp_path):
+    repo, client, run = trained
+    tags = run.data.tags
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    locked = {o["path"]: o["md5"] for o in lock["prepare"]["outs"]}["data/prepared"]
+    assert tags["data.path"] == "data/prepared"
+    assert tags["data.md5"] == tags["data.dvc_lock_md5"] == locked  # recomputed the way DVC does it
+    manifest = json.loads((repo / "data/prepared/manifest.json").read_text())
+    for split in ("train", "val", "test"):
+        assert tags[f"data.sha256.{split}.pt"] == manifest["splits"][split]["sha256"]
+    files = json.loads(artifact(client, run.info.run_id, "provenance/data-files.json", tmp_path))
+    assert files == {k.removeprefix("data.sha256."): v for k, v in tags.items() if k.startswith("data.sha256.")}
+    consumed = lock["train"]["params"]["params.yaml"]  # the values DVC recorded for the train stage
+    typed = {
+        "train": to_dict(build(TrainConfig, consumed["train"], "train")),
+        "tracking": to_dict(build(TrackingConfig, consumed["tracking"], "tracking")),
+    }
+    assert tags["params.sha256"] == provenance.params_digest(typed)
+    assert "stages:" in artifact(client, run.info.run_id, "provenance/dvc.lock", tmp_path)
+
+
+def test_environment_hosts_and_launcher(trained, tmp_path):
+    repo, client, run = trained
+    tags, host = run.data.tags, socket.gethostname()
+    assert tags["env.python"] == platform.python_version() and tags["env.torch"] == torch.__version__
+    if torch.cuda.is_available():
+        assert "none" not in (tags["env.cuda"], tags["env.cudnn"], tags["env.nccl"], tags["env.gpus"])
+    else:
+        assert (tags["env.cuda"], tags["env.cudnn"], tags["env.nccl"]) == ("none", "none", "none")
+        assert tags["env.gpus"] == f"{host}: none"
+    assert tags["env.hosts"] == host and tags["env.num_nodes"] == "1"
+    assert tags["env.cpu"] and tags["env.cpu_cores"] == str(os.cpu_count())
+    freeze = artifact(client, run.info.run_id, "provenance/pip-freeze.txt", tmp_path)
+    assert f"torch=={torch.__version__}" in freeze and "mlflow==" in freeze
+    assert tags["launch.kind"] == "torchrun" and tags["launch.torchelastic_run_id"]
+    assert (tags["launch.restart_count"], tags["launch.nnodes"], tags["launch.world_size"]) == ("0", "1", "2")
+    assert "train-worker --resolved" in tags["launch.command"]
+    assert tags["launch.user_command"].endswith(
+        "scalelab train --params params.yaml --data data/prepared --out results/train"
+    )
+    assert f"system/{host}/cpu_utilization_percentage" in run.data.metrics  # system metrics, by node
+    run_file = json.loads((repo / "results/train/run.json").read_text())
+    assert tags["weights.sha256"] == run_file["rank_weight_sha256"][0] and tags["weights.ranks_in_sync"] == "true"
+
+
+def test_seed_ledger_as_artifact_and_params(trained, tmp_path):
+    repo, client, run = trained
+    ledger = json.loads(artifact(client, run.info.run_id, "seeds.json", tmp_path))
+    assert ledger["base_seed"] == 0 and ledger["model_init_seed"] == 0
+    assert ledger["rank_seeds"] == {str(r): seeds.rank_seed(0, r) for r in (0, 1)}  # one entry per rank
+    assert ledger["worker_seed_rule"] == seeds.WORKER_RULE and ledger["rank_seed_rule"] == seeds.RANK_RULE
+    assert ledger["deterministic_algorithms"] is True and ledger["num_workers"] == 0
+    params = run.data.params
+    assert {k for k in params if k.startswith("seed.rank.")} == {"seed.rank.0", "seed.rank.1"}
+    assert params["seed.rank.1"] == str(seeds.rank_seed(0, 1)) and params["seed.base"] == "0"
+    assert params["seed.worker_rule"] == seeds.WORKER_RULE and params["seed.deterministic"] == "True"
+    config = json.loads(artifact(client, run.info.run_id, "config.json", tmp_path))
+    assert config["train"]["epochs"] == 2 and config["train"]["seed"] == 0

@@ -1,0 +1,87 @@
+"""The MLflow tracker on a real SQLite store: batching, the writer process, flush on failure."""
+
+import pytest
+from mlflow import MlflowClient
+
+from helpers import tiny_params, train_here, write_params
+from scalelab import tracking
+from scalelab.config import load_params
+from scalelab.runtime.signals import Terminated
+
+
+@pytest.fixture
+def store(workdir):
+    return MlflowClient(tracking.tracking_uri())
+
+
+def history(client, run_id, key):
+    return [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
+
+
+def test_finish_flushes_the_buffer_and_sets_the_status(store):
+    tracker = tracking.MlflowTracker.open("t", run_name="r")
+    for step in range(1, 31):
+        tracker.log_metrics({"loss": 1.0 / step}, step)
+    assert history(store, tracker.run_id, "loss") == []  # nothing sent before a flush
+    tracker.finish("FAILED")
+    run = store.get_run(tracker.run_id)
+    assert run.info.status == "FAILED"
+    assert [s for s, _ in history(store, tracker.run_id, "loss")] == list(range(1, 31))
+
+
+def test_async_flush_goes_through_the_writer_and_replay_adds_no_duplicates(store):
+    tracker = tracking.MlflowTracker.open("t", run_name="r")
+    for step in range(1, 11):
+        tracker.log_metrics({"loss": float(step), "acc": 0.5}, step)
+    tracker.flush(wait=False)
+    pending = tracker.pending_metrics()
+    assert len(pending) == 20  # the writer process has not confirmed them yet (it is starting)
+    tracker.flush(wait=True)
+    assert tracker.pending_metrics() == []
+    tracker.replay_metrics(pending)  # what a resumed job does with a checkpoint's pending metrics
+    tracker.finish()
+    assert [s for s, _ in history(store, tracker.run_id, "loss")] == list(range(1, 11))
+    assert len(history(store, tracker.run_id, "acc")) == 10
+    assert store.get_run(tracker.run_id).info.status == "FINISHED"
+
+
+def test_metrics_survive_a_dead_writer(store):
+    tracker = tracking.MlflowTracker.open("t", run_name="r")
+    tracker.log_metrics({"loss": 1.0}, 1)
+    tracker.flush(wait=False)
+    tracker._writer._proc.kill()  # the writer process dies before storing anything
+    tracker._writer._proc.wait()
+    tracker.log_metrics({"loss": 2.0}, 2)
+    tracker.finish("KILLED")
+    assert history(store, tracker.run_id, "loss") == [(1, 1.0), (2, 2.0)]
+    assert store.get_run(tracker.run_id).info.status == "KILLED"
+
+
+@pytest.mark.parametrize("error, status", [(Terminated(143), "KILLED"), (RuntimeError("boom"), "FAILED")])
+def test_run_ending_in_an_exception_is_flushed_and_marked(workdir, prepared_digits, monkeypatch, error, status):
+    write_params(
+        workdir / "p.yaml",
+        tiny_params(
+            train={
+                "strategy": "single",
+                "nproc_per_node": 1,
+                "epochs": 3,
+                "log_every_steps": 1,
+                "checkpoint_every_steps": 1000,
+            },
+            tracking={"system_metrics_interval_s": 0},
+        ),
+    )
+    params = load_params(workdir / "p.yaml")
+
+    def evaluate(*args, **kwargs):  # the end of epoch 1: well past the last flush (none so far)
+        raise error
+
+    monkeypatch.setattr("scalelab.training.job.evaluate", evaluate)
+    with pytest.raises(type(error)):
+        train_here(params, prepared_digits, workdir / "out")
+    client = MlflowClient(tracking.tracking_uri())
+    run = client.search_runs([client.get_experiment_by_name("scalelab").experiment_id])[0]
+    assert run.info.status == status
+    steps = [s for s, _ in history(client, run.info.run_id, "train_loss")]
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 10, steps  # every step up to the error

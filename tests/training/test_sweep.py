@@ -1,0 +1,62 @@
+"""`scalelab sweep` on the local SLURM cluster: one job array, returns at once, collect later."""
+
+import json
+import time
+
+import pandas as pd
+import pytest
+from mlflow import MlflowClient
+
+from helpers import BIN, run_cli, tiny_params, write_params
+
+pytestmark = [pytest.mark.slurm, pytest.mark.integration]
+
+
+def test_sweep_of_four_with_one_failing_element(workdir, prepared_digits, slurm_cluster):
+    (workdir / "slurm").symlink_to(BIN.parents[1] / "slurm")  # the cluster profiles
+    write_params(
+        workdir / "params.yaml",
+        tiny_params(train={"launcher": "slurm", "num_nodes": 2, "nproc_per_node": 1}, sweep={"array_parallelism": 2}),
+    )
+    started = time.time()
+    # batch_size 5000 passes validation but is larger than the training split: that element fails
+    out = run_cli(
+        "sweep",
+        "submit",
+        "--name",
+        "lr",
+        "--data",
+        str(prepared_digits),
+        "-S",
+        "train.batch_size=16,32,64,5000",
+        cwd=workdir,
+        env=slurm_cluster,
+    ).stdout
+    submit_s = time.time() - started
+    assert "submitted sweep 'lr': 4 elements as job array" in out
+    manifest = json.loads((workdir / "results/sweeps/lr/manifest.json").read_text())
+    assert len({e["job_id"].split("_")[0] for e in manifest["elements"]}) == 1  # one array
+    assert not all((workdir / "results/sweeps/lr" / f"{i:03d}" / "run.json").exists() for i in range(4))
+    assert submit_s < 60, f"submit blocked for {submit_s:.0f} s"
+
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        run_cli("sweep", "collect", "--name", "lr", cwd=workdir, env=slurm_cluster)
+        summary = pd.read_csv(workdir / "results/sweeps/lr/summary.csv", keep_default_na=False)
+        if set(summary.status) <= {"finished", "failed"}:
+            break
+        time.sleep(5)
+    assert sorted(summary.status) == ["failed", "finished", "finished", "finished"], summary.to_string()
+    failed = summary[summary.status == "failed"].iloc[0]
+    assert failed["override.train.batch_size"] == 5000
+    assert "larger than the" in failed.error and "training samples" in failed.error
+    finished = summary[summary.status == "finished"]
+    assert (finished.test_accuracy.astype(float) > 0).all() and (finished.samples_per_s.astype(float) > 0).all()
+
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("scalelab")
+    parents = client.search_runs([exp.experiment_id], "tags.`scalelab.kind` = 'sweep'")
+    assert len(parents) == 1 and parents[0].info.run_id == manifest["parent_run_id"]
+    children = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{manifest['parent_run_id']}'")
+    assert sorted(c.info.status for c in children) == ["FAILED", "FINISHED", "FINISHED", "FINISHED"]
+    assert client.get_run(manifest["parent_run_id"]).info.status == "FINISHED"
