@@ -7,7 +7,7 @@ export PATH := $(BIN):$(PATH)
 HOST ?= 127.0.0.1
 PORT ?= 5000
 
-.PHONY: setup repro test ui bench lock mlflow-server slurm-up slurm-down clean
+.PHONY: setup repro test lint ui bench lock mlflow-server slurm-up slurm-down clean
 
 setup: $(STAMP)
 
@@ -22,8 +22,13 @@ repro: setup
 	$(BIN)/dvc repro
 	$(BIN)/scalelab summary
 
-test: setup
+test: lint
 	$(BIN)/pytest
+
+# ruff (pinned in requirements.lock): lint rules and formatting, configured in pyproject.toml.
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 # The embedded store, mlflow.db. (A shared server from `make mlflow-server` serves its own UI.)
 ui: setup

@@ -66,7 +66,3 @@ def fail(command: str, exc: Exception, status: int) -> int:
     """Prints the one-line error of `scalelab COMMAND` and returns `status`."""
     print(f"scalelab {command}: error: {exc}", file=sys.stderr)
     return status
-
-
-if __name__ == "__main__":
-    sys.exit(main())
