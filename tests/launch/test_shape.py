@@ -18,7 +18,10 @@ def machine(cpus: int, gpus: int = 0) -> Capacity:
 def test_more_processes_than_cores_is_rejected(tmp_path):
     params = load(tmp_path, train={"nproc_per_node": 3, "device": "cpu"})
     misfit = check_shape(train_shape(params.train), machine(2))
-    assert misfit.message("train").startswith("train.nproc_per_node = 3 is more than the 2 CPU cores")
+    assert misfit.message("train") == (
+        "train.nproc_per_node = 3 is not allowed: needs 3 processes of >= 1 core "
+        "each per node; this machine has 2 cores; use at most 2"
+    )
 
 
 def test_dp_without_gpus_is_rejected(tmp_path):

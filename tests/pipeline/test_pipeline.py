@@ -1,6 +1,7 @@
 """The real pipeline: `dvc repro` in a committed copy of the repo, MLflow read back from mlflow.db."""
 
 import json
+import subprocess
 
 import pytest
 import yaml
@@ -34,7 +35,10 @@ def test_dvc_repro_end_to_end(repo_copy):
     assert run.data.params["train.lr"] == str(params["train"]["lr"])
     assert run.data.params["data.source"] == "digits"
     assert {k for k in run.data.params if k.startswith("seed.rank.")} == {"seed.rank.0", "seed.rank.1"}
-    assert len(run.data.tags["git.commit"]) == 40 and run.data.tags["git.dirty"] in ("true", "false")
+    # training_pipeline rewrote params.yaml and dvc.yaml without committing them
+    assert len(run.data.tags["git.commit"]) == 40 and run.data.tags["git.dirty"] == "true"
+    experiment = MlflowClient(f"sqlite:///{repo_copy / 'mlflow.db'}").get_experiment(run.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI opens on runs
     for key in ("samples_per_s", "step_time_ms", "train_loss", "val_accuracy", "test_accuracy", "test_loss"):
         assert key in run.data.metrics, key
     assert run.data.metrics["test_accuracy"] == pytest.approx(metrics["test_accuracy"])
@@ -52,11 +56,21 @@ def test_dvc_repro_end_to_end(repo_copy):
     assert "Running stage 'prepare'" not in out
 
 
-def test_dvc_exp_run_with_set_param(repo_copy):
+def test_dvc_exp_show_and_metrics_diff_read_each_experiments_metrics(repo_copy):
     params = yaml.safe_load((repo_copy / "params.yaml").read_text())
     params["train"].update(epochs=2, model={"hidden": [32], "dropout": 0.0})
     training_pipeline(repo_copy, params, commit=True)
-    out = run_cli("dvc", "exp", "run", "-S", "train.lr=0.01", cwd=repo_copy).stdout
+    run_cli("dvc", "repro", cwd=repo_copy)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@e"]
+    subprocess.run([*git, "commit", "-qam", "baseline results"], cwd=repo_copy, check=True)
+    out = run_cli("dvc", "exp", "run", "-S", "train.lr=0.01", "--name", "lr01", cwd=repo_copy).stdout
     assert "Running stage 'train'" in out
-    shown = run_cli("dvc", "exp", "show", "--no-pager", "--csv", cwd=repo_copy).stdout
-    assert "0.01" in shown and "test_accuracy" in shown
+
+    rows = json.loads(run_cli("dvc", "exp", "show", "--json", cwd=repo_copy).stdout)
+    exps = {e["name"]: e["revs"][0]["data"] for row in rows for e in (row.get("experiments") or [])}
+    exp = exps["lr01"]
+    assert exp["params"]["params.yaml"]["data"]["train"]["lr"] == 0.01
+    accuracy = exp["metrics"]["results/eval/metrics.json"]["data"]["test_accuracy"]
+    assert 0.0 < accuracy <= 1.0, exp["metrics"]
+    diff = json.loads(run_cli("dvc", "metrics", "diff", "HEAD", "lr01", "--json", cwd=repo_copy).stdout)
+    assert diff["results/eval/metrics.json"]["test_accuracy"]["new"] == accuracy

@@ -31,6 +31,7 @@ def test_reproduce_matches_then_names_an_altered_data_file(repo_copy):
         [client.get_experiment_by_name("scalelab").experiment_id], "tags.`scalelab.kind` = 'reproduce'"
     )
     assert len(new) == 1 and new[0].data.tags["scalelab.reproduces"] == run_id
+    assert new[0].info.run_name == f"reproduce-{client.get_run(run_id).info.run_name}"
     assert new[0].data.tags["git.dirty"] == "true"  # the worktree had the diff applied
     worktrees = subprocess.run(["git", "worktree", "list"], cwd=repo_copy, capture_output=True, text=True).stdout
     assert len(worktrees.splitlines()) == 1, worktrees  # the temporary worktree is gone

@@ -16,10 +16,29 @@ def test_sweep_of_four_with_one_failing_element(workdir, prepared_digits, slurm_
     (workdir / "slurm").symlink_to(BIN.parents[1] / "slurm")  # the cluster profiles
     write_params(
         workdir / "params.yaml",
-        tiny_params(train={"launcher": "slurm", "num_nodes": 2, "nproc_per_node": 1}, sweep={"array_parallelism": 2}),
+        tiny_params(
+            train={"launcher": "slurm", "num_nodes": 2, "nproc_per_node": 1, "optimizer": "sgd"},
+            sweep={"array_parallelism": 2},
+        ),
     )
+    # a batch larger than the training split is refused before anything is submitted
+    refused = run_cli(
+        "sweep",
+        "submit",
+        "--name",
+        "big",
+        "--data",
+        str(prepared_digits),
+        "-S",
+        "train.batch_size=16,5000",
+        cwd=workdir,
+        env=slurm_cluster,
+        check=False,
+    )
+    assert refused.returncode == 2 and "train.batch_size = 5000 is too large" in refused.stderr, refused.stderr
+    assert not (workdir / "results/sweeps/big/manifest.json").exists()
     started = time.time()
-    # batch_size 5000 passes validation but is larger than the training split: that element fails
+    # lr 1e20 (sgd) passes validation but diverges: that element fails at its first logging window
     out = run_cli(
         "sweep",
         "submit",
@@ -28,7 +47,7 @@ def test_sweep_of_four_with_one_failing_element(workdir, prepared_digits, slurm_
         "--data",
         str(prepared_digits),
         "-S",
-        "train.batch_size=16,32,64,5000",
+        "train.lr=0.01,0.03,0.1,1e20",
         cwd=workdir,
         env=slurm_cluster,
     ).stdout
@@ -48,8 +67,8 @@ def test_sweep_of_four_with_one_failing_element(workdir, prepared_digits, slurm_
         time.sleep(5)
     assert sorted(summary.status) == ["failed", "finished", "finished", "finished"], summary.to_string()
     failed = summary[summary.status == "failed"].iloc[0]
-    assert failed["override.train.batch_size"] == 5000
-    assert "larger than the" in failed.error and "training samples" in failed.error
+    assert float(failed["override.train.lr"]) == 1e20
+    assert "NonFiniteLossError" in failed.error and "is not finite" in failed.error, failed.error
     finished = summary[summary.status == "finished"]
     assert (finished.test_accuracy.astype(float) > 0).all() and (finished.samples_per_s.astype(float) > 0).all()
 

@@ -51,46 +51,52 @@ def local_capacity() -> Capacity:
 
 @dataclass(frozen=True, slots=True)
 class Misfit:
-    """Why a shape does not fit: the shape field at fault, its value and the reason."""
+    """Why a shape does not fit: the params field at fault, its value, the reason and the fix."""
 
     field: str
     value: object
-    reason: str
+    reason: str  # a sentence of its own ("nn.DataParallel needs >= 2 CUDA devices; ...")
+    fix: str
 
     def message(self, prefix: str) -> str:
         """The one-line error for params key `prefix.field`."""
-        return f"{prefix}.{self.field} = {self.value!r} {self.reason}"
+        return f"{prefix}.{self.field} = {self.value!r} is not allowed: {self.reason}; {self.fix}"
 
 
 def check_shape(shape: JobShape, cap: Capacity) -> Misfit | None:
     """The first way `shape` does not fit `cap`, or None when it fits."""
-    device, gpus, cores = cap.device(shape.device), cap.gpus_per_node, cap.cpus_per_node
+    device, gpus, cores, where = cap.device(shape.device), cap.gpus_per_node, cap.cpus_per_node, cap.where
+    procs = shape.procs_per_node if shape.strategy == "ddp" else 1  # processes per node
     if shape.nodes > cap.nodes:
         return Misfit(
-            "num_nodes", shape.nodes, f"is more than the {cap.nodes} node(s) of {cap.where}; use at most {cap.nodes}"
+            "num_nodes", shape.nodes, f"needs {shape.nodes} nodes; {where} has {cap.nodes}", f"use at most {cap.nodes}"
         )
     if device == "cuda" and gpus == 0:
-        return Misfit("device", "cuda", f"is not allowed: {cap.where} has no CUDA device; use 'auto' or 'cpu'")
+        return Misfit("device", "cuda", f"needs a CUDA device; {where} has none", "use 'auto' or 'cpu'")
     if shape.strategy == "dp" and gpus < 2:
-        return Misfit("strategy", "dp", f"needs >= 2 CUDA devices (nn.DataParallel); {cap.where} has {gpus}")
+        return Misfit(
+            "strategy", "dp", f"nn.DataParallel needs >= 2 CUDA devices; {where} has {gpus}", "use 'single' or 'ddp'"
+        )
     if shape.strategy != "single" and device == "cuda" and shape.procs_per_node > gpus:
         return Misfit(
             "nproc_per_node",
             shape.procs_per_node,
-            f"is more than the {gpus} GPUs per node of {cap.where}; use at most {gpus}",
+            f"needs {shape.procs_per_node} GPUs per node; {where} has {gpus}",
+            f"use at most {gpus}",
         )
-    if shape.strategy == "ddp" and device == "cpu" and shape.procs_per_node > cores:
+    if shape.strategy == "ddp" and device == "cpu" and procs > cores:
         return Misfit(
             "nproc_per_node",
-            shape.procs_per_node,
-            f"is more than the {cores} CPU cores per node of {cap.where}; use at most {cores}",
+            procs,
+            f"needs {procs} processes of >= 1 core each per node; {where} has {cores} cores",
+            f"use at most {cores}",
         )
-    procs = shape.procs_per_node if shape.strategy == "ddp" else 1
     if shape.threads_per_process * procs > cores:
         return Misfit(
             "threads_per_process",
             shape.threads_per_process,
-            f"x {procs} process(es) per node is more than the {cores} CPU cores per node of "
-            f"{cap.where}; use at most {max(1, cores // procs)}",
+            f"{shape.threads_per_process} threads x {procs} process(es) need "
+            f"{shape.threads_per_process * procs} cores per node; {where} has {cores}",
+            f"use at most {max(1, cores // procs)}",
         )
     return None

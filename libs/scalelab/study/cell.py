@@ -75,7 +75,6 @@ def time_steps(spec: dict[str, Any]) -> dict[str, Any]:
     slowest = [max(r) for r in zip(*dist.all_gather_object(elapsed_s))]  # the slowest rank sets the pace
     num_params = sum(p.numel() for p in wl.model.parameters())
     global_batch = batch * (1 if strategy == "dp" else world)
-    dist.shutdown()
     return {
         "repeat_s": slowest,
         "timed_steps": cfg.timed_steps,
@@ -107,7 +106,6 @@ def time_allreduce(spec: dict[str, Any]) -> dict[str, Any]:
             samples.append(time.perf_counter() - start)
         worst = [max(r) for r in zip(*dist.all_gather_object(samples))]
         results.append({"bytes": 4 * numel, "median_s": statistics.median(worst)})
-    dist.shutdown()
     return {
         "world_size": env.world_size,
         "backend": "nccl" if device.type == "cuda" else "gloo",
@@ -116,9 +114,17 @@ def time_allreduce(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def measure(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """Runs the cell, then leaves the process group. Leaving only after the measurement's DDP
+    model is gone matters: a Reducer freed after its process group can deadlock on the GIL."""
+    result = (time_allreduce if kind == "allreduce" else time_steps)(spec)
+    dist.shutdown()
+    return result
+
+
 def main(kind: str, spec_path: str | Path, out_path: str | Path) -> None:
     spec = json.loads(Path(spec_path).read_text())
-    result = (time_allreduce if kind == "allreduce" else time_steps)(spec)
+    result = measure(kind, spec)
     if result.pop("is_main"):
         atomic_write_json(out_path, result)
 
@@ -133,6 +139,6 @@ class CellJob:
         import submitit
 
         submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
-        result = (time_allreduce if self.kind == "allreduce" else time_steps)(self.spec)
+        result = measure(self.kind, self.spec)
         result.pop("is_main")
         return result

@@ -79,7 +79,7 @@ def _why_not(cfg: SpeedupConfig, cell: Cell, cap: Capacity) -> str:
     )
     misfit = check_shape(shape, cap)
     if misfit:
-        return f"{misfit.field} {misfit.value} {misfit.reason}"
+        return misfit.reason
     if cfg.scaling == "strong" and cfg.batch_size % cell.world_size:
         return f"strong scaling: batch_size {cfg.batch_size} does not split evenly over {cell.world_size} ranks"
     return ""

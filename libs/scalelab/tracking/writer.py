@@ -6,7 +6,7 @@ and stall the training loop (a switch interval, 5 ms, at a time); in its own pro
 another core, and the training loop only pays for appending a list to a queue. The child runs at
 nice WRITER_NICE: where no core is idle, training gets the CPU first and the writer catches up.
 
-    MLFLOW_TRACKING_URI=... python -m scalelab.tracking.writer RUN_ID     # started by ProcessWriter
+    MLFLOW_TRACKING_URI=... python -c "$CHILD" RUN_ID     # started by ProcessWriter
 
 The tracking URI reaches the child through its environment, never its command line, so a URI
 with credentials in it never shows in `ps`.
@@ -35,6 +35,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 BATCH_METRICS = 1000  # MLflow's limit per log_batch call
 WRITER_NICE = 10  # on a machine with no idle core, training gets the CPU first; the writer catches up
+CHILD = "import sys; from scalelab.tracking.writer import child; sys.exit(child())"
 Row = tuple[str, float, int, int]  # key, value, timestamp (ms), step
 
 
@@ -52,7 +53,7 @@ class ProcessWriter:
     def _start(self) -> None:
         env = {**os.environ, "MLFLOW_TRACKING_URI": self.tracking_uri}
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "scalelab.tracking.writer", self.run_id],
+            [sys.executable, "-c", CHILD, self.run_id],
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -161,6 +162,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def child() -> int:
+    """The writer process's entry point (CHILD)."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s metric-writer: %(message)s")
-    sys.exit(main(sys.argv[1:]))
+    return main(sys.argv[1:])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,17 @@ from scalelab.training.plan import METRICS_FILE, MODEL_FILE, RUN_FILE, RunPlan
 
 log = logging.getLogger(__name__)
 PENDING_KEY = "pending_metrics"  # checkpoint entry: metrics not yet confirmed stored in MLflow
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss is NaN or infinite: the job stops, FAILED, and keeps its good checkpoints."""
+
+    def __init__(self, value: float, step: int, ckpt: Checkpointer) -> None:
+        last = ckpt.steps()[:1]
+        super().__init__(
+            f"train_loss = {value} at step {step} is not finite: training diverged; the newest "
+            f"checkpoint stays step {last[0] if last else 'none'}; lower train.lr or use precision fp32"
+        )
 
 
 def run_name(params: Params, world_size: int) -> str:
@@ -180,6 +192,8 @@ def _train(
                 if step % train.log_every_steps == 0 or step == total:
                     window = meter.window(step, device)
                     tracker.log_metrics(window, step)
+                    if not math.isfinite(window["train_loss"]):  # the same value on every rank
+                        raise NonFiniteLossError(window["train_loss"], step, ckpt)
                     bar.set_postfix(
                         loss=f"{window['train_loss']:.4f}",
                         samples_s=f"{window.get('samples_per_s', 0):,.0f}",
@@ -190,6 +204,8 @@ def _train(
                     tracker.log_metrics({"val_loss": val["loss"], "val_accuracy": val["accuracy"]}, step)
                 stopped = stop is not None and stop.everywhere(device)
                 if step % train.checkpoint_every_steps == 0 or step == total or stopped:
+                    if meter.window_steps and not meter.window_is_finite(device):
+                        raise NonFiniteLossError(float("nan"), step, ckpt)  # never checkpoint it
                     _checkpoint(loop, epoch, step, env, ckpt, tracker)
                 if stopped:
                     break

@@ -43,6 +43,11 @@ class Meter:
         self.loss_sum, self.window_steps, self.mark = None, 0, now
         return out
 
+    def window_is_finite(self, device: torch.device) -> bool:
+        """True when the open window's loss is finite on every rank (a one-element all-reduce)."""
+        bad = self.loss_sum is not None and not bool(torch.isfinite(self.loss_sum).item())
+        return not dist.any_rank(bad, device.type)
+
     def summary(self) -> dict[str, float]:
         if not self.timed_steps:
             return {}

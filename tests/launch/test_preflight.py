@@ -1,0 +1,70 @@
+"""The SLURM pre-flight: each refusal the README lists, before anything is submitted."""
+
+import dataclasses
+import socket
+
+import pytest
+
+from helpers import run_cli, tiny_params, write_params
+from scalelab.config import ConfigError, load_params
+from scalelab.launch import slurm
+
+PROFILE = slurm.Profile(
+    max_nodes=2, cpus_per_node=2, time_limit_min=30, signal_delay_s=60, login_node_is_compute_host=True
+)
+
+
+def params(tmp_path, **train):
+    return load_params(write_params(tmp_path / "p.yaml", tiny_params(train={"launcher": "slurm", **train})))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    "train, profile, needle",
+    [
+        ({"num_nodes": 3}, {}, "train.num_nodes = 3 is not allowed: needs 3 nodes; profile 'local' has 2"),
+        ({"nproc_per_node": 3}, {}, "train.nproc_per_node = 3 is not allowed: needs 3 processes"),
+        (
+            {"nproc_per_node": 2, "threads_per_process": 2},
+            {},
+            "train.threads_per_process = 2 is not allowed: 2 threads",
+        ),
+        ({"device": "cuda"}, {}, "train.device = 'cuda' is not allowed: needs a CUDA device; profile 'local' has none"),
+        ({}, {"signal": "USR1"}, "signal = 'USR1' conflicts with NCCL"),
+        ({"checkpoint_every_steps": 2000}, {}, "no checkpoint would land"),
+    ],
+)
+def test_preflight_refuses_a_job_the_cluster_cannot_run(tmp_path, train, profile, needle):
+    with pytest.raises(ConfigError) as exc:
+        slurm.preflight(params(tmp_path, **train), dataclasses.replace(PROFILE, **profile), "sqlite:////tmp/x.db")
+    assert needle in str(exc.value)
+
+
+def test_preflight_refuses_a_store_the_compute_nodes_cannot_reach(tmp_path):
+    p = params(tmp_path)
+    with pytest.raises(ConfigError, match="is not under the shared paths"):
+        slurm.preflight(p, dataclasses.replace(PROFILE, shared_paths=["/shared"]), "sqlite:////tmp/mlflow.db")
+    with pytest.raises(ConfigError, match="points at loopback"):
+        slurm.preflight(p, dataclasses.replace(PROFILE, login_node_is_compute_host=False), "http://127.0.0.1:5000")
+    with pytest.raises(ConfigError, match="does not answer"):  # nothing listens there
+        slurm.preflight(p, PROFILE, f"http://127.0.0.1:{free_port()}")
+
+
+def test_a_refused_job_exits_2_before_anything_is_submitted(workdir, prepared_digits):
+    (workdir / "slurm/profiles").mkdir(parents=True)
+    (workdir / "slurm/profiles/usr1.yaml").write_text(
+        "partition: debug\nmax_nodes: 2\ncpus_per_node: 2\nsignal: USR1\nlogin_node_is_compute_host: true\n"
+    )
+    write_params(workdir / "params.yaml", tiny_params(train={"launcher": "slurm"}, slurm={"profile": "usr1"}))
+    proc = run_cli("train", "--data", str(prepared_digits), "--out", "out", cwd=workdir, check=False)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("scalelab train: error:") and "conflicts with NCCL" in lines[-1]
+    assert "Traceback" not in proc.stderr
+    assert not (workdir / "results/slurm").exists() and not (workdir / "mlflow.db").exists()
+    assert not (workdir / "out/slurm.json").exists()  # no job id: nothing was submitted
