@@ -82,3 +82,16 @@ def train_here(params: Any, data_dir: Path, out: Path, stop: Any = None) -> dict
 
     params, plan = read_resolved(resolve(params, data_dir, out))
     return job.run(params, plan, data_dir, out, stop=stop)
+
+
+RELIABILITY = REPO / "results/bench/reliability.json"
+
+
+def record_reliability(section: str, figures: dict[str, Any]) -> None:
+    """Merges one fault test's figures into results/bench/reliability.json (written by `make test`)."""
+    import json
+
+    data = json.loads(RELIABILITY.read_text()) if RELIABILITY.is_file() else {}
+    data.setdefault(section, {}).update(figures)
+    RELIABILITY.parent.mkdir(parents=True, exist_ok=True)
+    RELIABILITY.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")

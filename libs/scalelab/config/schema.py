@@ -95,6 +95,11 @@ class TrainConfig:
     log_every_steps: int = knob(10, ge=1, doc="metrics are aggregated over this many steps")
     checkpoint_every_steps: int = knob(50, ge=1)
     keep_checkpoints: int = knob(2, ge=2)
+    collective_timeout_s: float = knob(
+        300.0,
+        gt=0.0,
+        doc="a collective waiting this long for a peer (a hung or stopped rank) fails the job instead of hanging it",
+    )
     profile: ProfileConfig = knob(ProfileConfig())
 
     def check(self, prefix: str) -> None:

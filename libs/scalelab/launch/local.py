@@ -8,8 +8,12 @@ command line and the workers' environment, for training and for study cells alik
 from __future__ import annotations
 
 import os
+import re
+import signal
 import subprocess
 import sys
+from collections import deque
+from pathlib import Path
 
 from scalelab.tracking import tracking_uri
 
@@ -20,13 +24,14 @@ class LaunchError(RuntimeError):
     exit_status = 1  # the CLI's "a failed job"
 
 
-def worker_command(args: list[str], nproc: int | None = None) -> list[str]:
+def worker_command(args: list[str], nproc: int | None = None, log_dir: Path | None = None) -> list[str]:
     """`python -m scalelab.cli ARGS`, under torchrun with `nproc` local processes when given
-    (a standalone rendezvous on a random free port)."""
+    (a standalone rendezvous on a random free port; each rank's stderr also in `log_dir`)."""
     worker = ["-m", "scalelab.cli", *args]
     if nproc is None:
         return [sys.executable, *worker]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *worker]
+    logs = ["--log-dir", str(log_dir), "--redirects", "2", "--tee", "2"] if log_dir else []
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *logs, *worker]
 
 
 def worker_env(threads_per_process: int) -> dict[str, str]:
@@ -52,3 +57,48 @@ def run_workers(
     return subprocess.run(
         worker_command(args, nproc), env=worker_env(threads_per_process), capture_output=capture, text=True
     )
+
+
+def run_torchrun(args: list[str], *, nproc: int, threads_per_process: int, log_dir: Path) -> int | None:
+    """Runs the workers under torchrun, streaming their output; returns the signal the launcher got
+    while it waited (SIGTERM, SIGINT: it waits for torchrun to stop the workers), else None.
+
+    Raises:
+        LaunchError: naming the first rank that failed, how it ended and its last stderr lines.
+    """
+    got: list[int] = []
+    old = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        cmd = worker_command(args, nproc, log_dir)
+        proc = subprocess.Popen(cmd, env=worker_env(threads_per_process), stderr=subprocess.PIPE, text=True)
+        tail: deque[str] = deque(maxlen=300)
+        for line in proc.stderr:
+            sys.stderr.write(line)
+            tail.append(line)
+        code = proc.wait()
+    finally:
+        for signum, handler in old.items():
+            signal.signal(signum, handler)
+    if code != 0:
+        raise LaunchError(describe_failure(list(tail), log_dir, code))
+    return got[0] if got else None
+
+
+ROOT_CAUSE = re.compile(
+    r"Root Cause.*?rank\s*:\s*(\d+) \(local_rank: (\d+)\).*?exitcode\s*:\s*(-?\d+)"
+    r" \(pid: (\d+)\)",
+    re.S,
+)
+
+
+def describe_failure(torchrun_stderr: list[str], log_dir: Path, code: int) -> str:
+    """The dead rank, how it ended and its last stderr lines, from torchrun's failure summary."""
+    found = ROOT_CAUSE.search("".join(torchrun_stderr))
+    if not found:
+        return f"torchrun exited with {code}: see the rank output above; per-rank logs in {log_dir}"
+    rank, local_rank, exitcode, pid = found.groups()
+    how = f"was killed by {signal.Signals(-int(exitcode)).name}" if int(exitcode) < 0 else f"exited with {exitcode}"
+    logs = sorted(log_dir.glob(f"*/attempt_*/{local_rank}/stderr.log"), key=lambda p: p.stat().st_mtime)
+    lines = [ln.strip() for ln in (logs[-1].read_text(errors="replace").splitlines() if logs else []) if ln.strip()]
+    last = " | ".join(ln for ln in lines if "\r" not in ln and "it/s]" not in ln)[-600:] or "(none)"
+    return f"rank {rank} (pid {pid}) {how}; its last stderr lines: {last}; per-rank logs in {log_dir}"

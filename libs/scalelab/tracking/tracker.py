@@ -57,6 +57,7 @@ class Tracker:
         return []
 
     def replay_metrics(self, rows: list[MetricRow]) -> None: ...
+    def skip_stored(self) -> None: ...
     def finish(self, status: str = "FINISHED") -> None: ...
 
 
@@ -71,6 +72,7 @@ class MlflowTracker(Tracker):
         self.run_id = run_id
         self._metrics: list[MetricRow] = []  # logged, not yet handed to a writer
         self._writer: ProcessWriter | None = None  # started by the first flush(wait=False)
+        self._stored: set[tuple[str, int]] = set()  # (key, step) already in the store (a resumed run)
 
     @classmethod
     def open(
@@ -120,7 +122,16 @@ class MlflowTracker(Tracker):
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         now = int(time.time() * 1000)
-        self._metrics += [(k, float(v), now, step) for k, v in metrics.items()]
+        self._metrics += [(k, float(v), now, step) for k, v in metrics.items() if (k, step) not in self._stored]
+
+    def skip_stored(self) -> None:
+        """Loads the (metric, step) pairs the run already holds; those are not logged again.
+
+        A resumed job recomputes the steps after its checkpoint, which an earlier try may have
+        stored already: with this, each step is stored once, with its first value.
+        """
+        keys = [k for k in self.client.get_run(self.run_id).data.metrics if not k.startswith("system/")]
+        self._stored = {(k, m.step) for k in keys for m in self.client.get_metric_history(self.run_id, k)}
 
     def log_artifact(self, path: str | Path, folder: str | None = None) -> None:
         self.client.log_artifact(self.run_id, str(path), folder)
@@ -167,8 +178,9 @@ class MlflowTracker(Tracker):
 
     def replay_metrics(self, rows: list[MetricRow]) -> None:
         """Queues metrics saved by `pending_metrics()` in an earlier try, with their timestamps."""
+        rows = [tuple(r) for r in rows if (r[0], r[3]) not in self._stored]
         if rows:
-            self._async_writer().submit([tuple(r) for r in rows])
+            self._async_writer().submit(rows)
 
     def finish(self, status: str = "FINISHED") -> None:
         """Stores what is buffered (waiting at most ~FINISH_WAIT_S in all), then sets the status."""

@@ -32,7 +32,14 @@ from scalelab.training.loop import Loop
 log = logging.getLogger(__name__)
 PATTERN = re.compile(r"^step-(\d{8})\.pt$")
 # knobs that change neither the math nor the data order: a resume may differ in these
-CADENCE_KEYS = ("log_every_steps", "checkpoint_every_steps", "keep_checkpoints", "profile", "launcher")
+CADENCE_KEYS = (
+    "log_every_steps",
+    "checkpoint_every_steps",
+    "keep_checkpoints",
+    "profile",
+    "launcher",
+    "collective_timeout_s",
+)
 
 
 def fingerprint(train: TrainConfig, manifest: dict[str, Any], world_size: int) -> str:

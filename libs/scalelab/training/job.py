@@ -78,13 +78,20 @@ def open_tracker(
                 tags=tags,
                 run_id=old_run or params.tracking.run_id or None,
             )
-            if old_run is None:
-                if params.tracking.run_id:  # a run made in advance (sweep element): tag it here
-                    tracker.set_tags(tags)
-                log_run_inputs(tracker, params, env, nodes, data_dir)
-            else:  # a resumed job: record where and how often it restarted
-                tracker.set_tags(provenance.launcher_info())
-        ckpt.record(tracker.run_id)
+            ckpt.record(tracker.run_id)  # from here on, `scalelab train` can close the run if this rank dies
+            try:
+                if old_run is None:
+                    if params.tracking.run_id:  # a run made in advance (sweep element): tag it here
+                        tracker.set_tags(tags)
+                    log_run_inputs(tracker, params, env, nodes, data_dir)
+                else:  # a resumed job: record where and how often it restarted
+                    tracker.set_tags(provenance.launcher_info())
+                    tracker.skip_stored()
+            except BaseException:
+                tracker.finish("FAILED")  # the run exists: it must not stay RUNNING
+                raise
+        else:
+            ckpt.record(None)
     dist.barrier()  # the checkpoint folder is settled before any rank reads it
     return tracker
 
@@ -111,7 +118,13 @@ def run(
     """Trains to the end (or to a stop signal) and returns the summary (meaningful on rank 0)."""
     env = dist.read_env()
     t = params.train
-    device = setup_process(env, device=t.device, threads=t.threads_per_process, deterministic=t.deterministic)
+    device = setup_process(
+        env,
+        device=t.device,
+        threads=t.threads_per_process,
+        deterministic=t.deterministic,
+        timeout_s=t.collective_timeout_s,
+    )
     out = Path(out_dir)
     manifest = verify(data_dir)
     ckpt = Checkpointer(out / "checkpoints", fingerprint(t, manifest, plan.world_size), keep=t.keep_checkpoints)

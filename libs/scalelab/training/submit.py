@@ -13,6 +13,7 @@ SLURM alike. By hand, on 2 CPU processes, after a `scalelab train` has written i
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -22,7 +23,7 @@ from typing import Any
 from scalelab.config import ConfigError, Params
 from scalelab.data.store import verify
 from scalelab.launch import slurm
-from scalelab.launch.local import LaunchError, run_workers, worker_env
+from scalelab.launch.local import LaunchError, run_torchrun, worker_env
 from scalelab.launch.shape import check_shape, local_capacity, train_shape
 from scalelab.runtime.io import atomic_write_json
 from scalelab.runtime.signals import StopFlag, raise_on_sigterm
@@ -61,14 +62,32 @@ def launch(params: Params, data_dir: str | Path, out_dir: str | Path) -> dict[st
         return run_slurm(params, resolved, data_dir, out_dir)
     if t.strategy != "ddp":
         return run_worker(resolved, data_dir, out_dir)
-    proc = run_workers(
-        ["train-worker", "--resolved", str(resolved), "--data", str(data_dir), "--out", str(out_dir)],
-        nproc=t.nproc_per_node,
-        threads_per_process=t.threads_per_process,
-    )
-    if proc.returncode != 0:
-        raise LaunchError(f"torchrun exited with {proc.returncode}: see the rank tracebacks above")
+    args = ["train-worker", "--resolved", str(resolved), "--data", str(data_dir), "--out", str(out_dir)]
+    try:
+        got = run_torchrun(
+            args, nproc=t.nproc_per_node, threads_per_process=t.threads_per_process, log_dir=Path(out_dir) / "logs"
+        )
+    except LaunchError:
+        close_run(params, out_dir, "FAILED")  # a rank died (even rank 0): the run must not stay RUNNING
+        raise
+    if got is not None:  # the workers ended although the launcher was asked to stop
+        close_run(params, out_dir, "KILLED")
     return {}
+
+
+def close_run(params: Params, out_dir: str | Path, status: str) -> str | None:
+    """Ends the job's MLflow run with `status` if it is still RUNNING (a rank died before it could);
+    returns the run id. The id is the one rank 0 recorded in <out>/checkpoints/job.json."""
+    meta = Path(out_dir) / "checkpoints" / "job.json"
+    run_id = json.loads(meta.read_text()).get("run_id") if meta.is_file() else None
+    if not params.tracking.enabled or not run_id:
+        return None
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri())
+    if client.get_run(run_id).info.status == "RUNNING":
+        client.set_terminated(run_id, status=status)
+    return run_id
 
 
 def run_worker(resolved: str | Path, data_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
@@ -96,9 +115,12 @@ def run_slurm(params: Params, resolved: Path, data_dir: str | Path, out_dir: str
     try:
         return slurm.wait(submitted, params.slurm.poll_interval_s)
     except Exception:
-        raise LaunchError(
-            f"SLURM job {submitted.job_id} failed: {slurm.error_line(submitted)}; logs: {submitted.paths.stderr}"
-        ) from None
+        state = submitted.state
+        cancelled = state.startswith("CANCELLED")
+        close_run(params, out_dir, "KILLED" if cancelled or state == "TIMEOUT" else "FAILED")
+        why = "was cancelled (scancel or the scheduler)" if cancelled else f"failed ({state})"
+        detail = "" if cancelled else f": {slurm.error_line(submitted)}"
+        raise LaunchError(f"SLURM job {submitted.job_id} {why}{detail}; logs: {submitted.paths.stderr}") from None
 
 
 class TrainJob:

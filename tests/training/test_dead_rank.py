@@ -1,0 +1,128 @@
+"""A rank that dies or hangs never leaves the job hanging or its MLflow run RUNNING."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import psutil
+import pytest
+from mlflow import MlflowClient
+
+from helpers import BIN, record_reliability, tiny_params, write_params
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+
+def start(workdir, prepared_digits, **train):
+    write_params(
+        workdir / "params.yaml",
+        tiny_params(
+            train={"epochs": 300, "checkpoint_every_steps": 20, **train}, tracking={"system_metrics_interval_s": 0}
+        ),
+    )
+    cmd = [str(BIN / "scalelab"), "train", "--data", str(prepared_digits), "--out", "out"]
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    return subprocess.Popen(
+        cmd, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+
+
+def worker(proc, rank, timeout_s=300):
+    """The train-worker process of global rank `rank`, once a checkpoint exists."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and proc.poll() is None:
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            try:
+                if "train-worker" in child.cmdline() and child.environ().get("RANK") == str(rank):
+                    return child
+            except psutil.Error:
+                continue
+        time.sleep(0.2)
+    raise AssertionError(f"no rank {rank} worker: {proc.communicate()[1][-3000:]}")
+
+
+def wait_checkpoint(workdir, proc):
+    deadline = time.time() + 300
+    while not list((workdir / "out/checkpoints").glob("step-*.pt")) and proc.poll() is None:
+        assert time.time() < deadline, "no checkpoint"
+        time.sleep(0.2)
+
+
+def the_run(workdir):
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("scalelab").experiment_id])
+    assert len(runs) == 1
+    return runs[0]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_sigkill_of_any_rank_fails_the_run_and_names_the_rank(workdir, prepared_digits, rank):
+    proc = start(workdir, prepared_digits)
+    victim = worker(proc, rank)
+    wait_checkpoint(workdir, proc)
+    victim.send_signal(signal.SIGKILL)
+    killed = time.time()
+    _, err = proc.communicate(timeout=120)
+    detect_s = time.time() - killed
+    assert proc.returncode == 1, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert (
+        last.startswith("scalelab train: error: ") and f"rank {rank} (pid {victim.pid}) was killed by SIGKILL" in last
+    )
+    assert the_run(workdir).info.status == "FAILED"
+    record_reliability("dead_rank", {f"rank{rank}_detect_s": round(detect_s, 2), f"rank{rank}_run_closed": True})
+
+
+def test_a_stopped_rank_times_out_and_the_rerun_resumes(workdir, prepared_digits):
+    timeout_s = 10
+    proc = start(workdir, prepared_digits, collective_timeout_s=timeout_s)
+    victim = worker(proc, 1)
+    wait_checkpoint(workdir, proc)
+    victim.send_signal(signal.SIGSTOP)  # its sockets stay open: the others wait, until the timeout
+    stopped = time.time()
+    try:
+        _, err = proc.communicate(timeout=timeout_s + 90)
+    finally:
+        if victim.is_running():
+            victim.kill()
+    detect_s = time.time() - stopped
+    assert proc.returncode == 1, err[-3000:]
+    assert detect_s < timeout_s + 60, detect_s  # torchrun waits up to 30 s for the others to stop
+    run = the_run(workdir)
+    assert run.info.status == "FAILED"
+    newest = max(int(p.stem.split("-")[1]) for p in (workdir / "out/checkpoints").glob("step-*.pt"))
+
+    write_params(
+        workdir / "params.yaml",
+        tiny_params(  # the same job, shorter: the rerun resumes
+            train={"epochs": 300, "checkpoint_every_steps": 20, "collective_timeout_s": timeout_s},
+            tracking={"system_metrics_interval_s": 0},
+        ),
+    )
+    rerun = subprocess.run(
+        [str(BIN / "scalelab"), "train", "--data", str(prepared_digits), "--out", "out"],
+        cwd=workdir,
+        env={**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert json.loads((workdir / "out/run.json").read_text())["run_id"] == run.info.run_id
+    steps = [
+        m.step
+        for m in MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}").get_metric_history(run.info.run_id, "train_loss")
+    ]
+    assert steps == sorted(set(steps)) and steps[-1] == 300 * 19 and newest > 0
+    assert the_run(workdir).info.status == "FINISHED"
+    record_reliability(
+        "hung_rank",
+        {
+            "collective_timeout_s": timeout_s,
+            "detect_s": round(detect_s, 2),
+            "resumed_from_step": newest,
+            "recovered": True,
+        },
+    )
