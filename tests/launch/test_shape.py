@@ -20,7 +20,7 @@ def test_more_processes_than_cores_is_rejected(tmp_path):
     misfit = check_shape(train_shape(params.train), machine(2))
     assert misfit.message("train") == (
         "train.nproc_per_node = 3 is not allowed: needs 3 processes of >= 1 core "
-        "each per node; this machine has 2 cores; use at most 2"
+        "each per node; this machine has 2 CPU cores; use at most 2"
     )
 
 

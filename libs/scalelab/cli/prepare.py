@@ -14,7 +14,8 @@ def run(args: argparse.Namespace) -> int:
     from scalelab.config import load_params
     from scalelab.data.prepare import prepare
 
-    manifest = prepare(load_params(args.params).data, args.out)
+    params = load_params(args.params)
+    manifest = prepare(params.data, args.out, min_train_samples=params.train.global_batch)
     counts = {k: v["num_samples"] for k, v in manifest["splits"].items()}
     print(
         f"prepared {manifest['source']} data in {args.out}: {counts} samples, "

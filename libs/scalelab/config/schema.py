@@ -44,6 +44,7 @@ class SyntheticConfig:
 class FileConfig:
     path: str = knob("", doc="CSV or Parquet file; every column but the label is a feature")
     label_column: str = knob("label")
+    standardize: bool = knob(False, doc="z-score every feature with the training split's mean and std")
 
 
 @dataclass(**FROZEN)
@@ -101,6 +102,16 @@ class TrainConfig:
         doc="a collective waiting this long for a peer (a hung or stopped rank) fails the job instead of hanging it",
     )
     profile: ProfileConfig = knob(ProfileConfig())
+
+    @property
+    def world_size(self) -> int:
+        """Processes taking part: nodes x processes per node for ddp, one for single and dp."""
+        return self.num_nodes * self.nproc_per_node if self.strategy == "ddp" else 1
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step, all ranks together."""
+        return self.batch_size * self.grad_accum_steps * self.world_size
 
     def check(self, prefix: str) -> None:
         if self.strategy != "ddp" and self.num_nodes > 1:

@@ -88,7 +88,7 @@ def check_shape(shape: JobShape, cap: Capacity) -> Misfit | None:
         return Misfit(
             "nproc_per_node",
             procs,
-            f"needs {procs} processes of >= 1 core each per node; {where} has {cores} cores",
+            f"needs {procs} processes of >= 1 core each per node; {where} has {cores} CPU cores",
             f"use at most {cores}",
         )
     if shape.threads_per_process * procs > cores:
@@ -96,7 +96,7 @@ def check_shape(shape: JobShape, cap: Capacity) -> Misfit | None:
             "threads_per_process",
             shape.threads_per_process,
             f"{shape.threads_per_process} threads x {procs} process(es) need "
-            f"{shape.threads_per_process * procs} cores per node; {where} has {cores}",
+            f"{shape.threads_per_process * procs} cores per node; {where} has {cores} CPU cores",
             f"use at most {max(1, cores // procs)}",
         )
     return None

@@ -39,10 +39,9 @@ class RunPlan:
         Raises:
             ConfigError: the global batch is larger than the training split.
         """
-        world = train.num_nodes * train.nproc_per_node if train.strategy == "ddp" else 1
+        world, global_batch = train.world_size, train.global_batch
         per_rank_samples = num_train_samples // world  # DistributedSampler(drop_last=True)
         steps = per_rank_samples // (train.batch_size * train.grad_accum_steps)
-        global_batch = train.batch_size * train.grad_accum_steps * world
         if steps == 0:
             raise ConfigError(
                 f"train.batch_size = {train.batch_size} is too large: x grad_accum_steps "
