@@ -13,7 +13,7 @@ import math
 import re
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -205,12 +205,29 @@ YamlLoader.add_implicit_resolver(
 )
 
 
+def _mapping_without_duplicates(loader: YamlLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    """A mapping whose keys are unique: a second `train:` section is an error, not an override."""
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if isinstance(key, Hashable) and key in seen:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+        if isinstance(key, Hashable):
+            seen.add(key)
+    return loader.construct_mapping(node, deep)
+
+
+YamlLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+
+
 def parse_yaml(text: str, source: str) -> Any:
     """Parses YAML text with `YamlLoader`; malformed text is a ConfigError naming `source`."""
     try:
         return yaml.load(text, Loader=YamlLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source} is not valid YAML: {exc}".replace("\n", " ")) from None
+    except RecursionError:
+        raise ConfigError(f"{source} is nested too deeply to be params") from None
 
 
 def read_yaml(path: str | Path) -> Any:

@@ -17,6 +17,7 @@ from scalelab.config.loader import ConfigError, build, knob, read_yaml
 Strategy = Literal["single", "dp", "ddp"]
 Precision = Literal["fp32", "bf16", "fp16"]
 
+MAX_SEED = 2**32 - 1  # NumPy and torch both take it
 FROZEN = dict(frozen=True, kw_only=True, slots=True)
 
 
@@ -50,7 +51,7 @@ class FileConfig:
 @dataclass(**FROZEN)
 class DataConfig:
     source: Literal["digits", "synthetic", "file"] = knob("digits")
-    seed: int = knob(0, ge=0, doc="seed of the synthetic generator and of the split")
+    seed: int = knob(0, ge=0, le=MAX_SEED, doc="seed of the synthetic generator and of the split")
     val_fraction: float = knob(0.1, gt=0.0, lt=0.5)
     test_fraction: float = knob(0.2, gt=0.0, lt=0.5)
     synthetic: SyntheticConfig = knob(SyntheticConfig())
@@ -81,7 +82,7 @@ class TrainConfig:
     num_nodes: int = knob(1, ge=1, doc="> 1 needs launcher slurm")
     threads_per_process: int = knob(1, ge=1)
     device: Literal["auto", "cpu", "cuda"] = knob("auto")
-    seed: int = knob(0, ge=0)
+    seed: int = knob(0, ge=0, le=MAX_SEED)
     deterministic: bool = knob(True, doc="torch.use_deterministic_algorithms")
     epochs: int = knob(30, ge=1)
     batch_size: int = knob(64, ge=1, doc="samples per rank per micro-step")
@@ -157,7 +158,7 @@ class SpeedupConfig:
     device: Literal["auto", "cpu", "cuda"] = knob("auto")
     launcher: Literal["local", "slurm"] = knob("local", doc="slurm: every cell is a job on slurm.profile")
     nodes: list[int] = knob([1], doc="node counts for ddp cells (> 1 needs launcher slurm)")
-    seed: int = knob(0, ge=0)
+    seed: int = knob(0, ge=0, le=MAX_SEED)
     warmup_steps: int = knob(3, ge=1)
     timed_steps: int = knob(5, ge=1)
     repeats: int = knob(3, ge=1)
@@ -221,6 +222,8 @@ def load_params(path: str | Path = "params.yaml") -> Params:
 
 def parse_params(raw: Any, source: str) -> Params:
     """Validates an already-read params tree; errors are prefixed with `source`."""
+    if raw is None:
+        raise ConfigError(f"{source} is empty: give the params sections (tracking, data, train, ...)")
     try:
         params = build(Params, raw)
         registry.check_config(params.train.workload, params.train.model, "train")

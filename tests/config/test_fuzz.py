@@ -1,0 +1,132 @@
+"""Fuzzed params.yaml files and -S strings: every case exits 2 with one line, and starts nothing.
+
+Each generated params tree is the tiny valid one with at least one mutation that no field accepts
+(an unknown key, a value of a type or sign no field takes), plus optional noise (deleted keys,
+aliases, deep nesting, non-UTF-8 bytes). The CLI runs in this process, so 300+ cases take seconds.
+"""
+
+import copy
+import io
+import json
+from contextlib import redirect_stderr
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from helpers import record_reliability, tiny_params
+from scalelab.cli import main
+
+BAD_VALUES = [{"zz": [1]}, [{"zz": 1}], -(10**30), -1e308, float("-inf"), [[[[[]]]]]]
+CASES = {"params": [0, 0], "overrides": [0, 0]}  # [clean one-line exits, cases]
+
+
+def paths(tree, prefix=()):
+    """Every (path) to a mapping value in the params tree."""
+    for key, value in tree.items():
+        yield (*prefix, key)
+        if isinstance(value, dict) and key != "model":
+            yield from paths(value, (*prefix, key))
+
+
+@st.composite
+def bad_params(draw):
+    tree = tiny_params()
+    all_paths = list(paths(tree))
+    for _ in range(draw(st.integers(1, 3))):  # the mutations that make it invalid
+        where = draw(st.sampled_from(all_paths))
+        node = tree
+        for part in where[:-1]:
+            node = node.get(part) if isinstance(node.get(part), dict) else node.setdefault(part, {})
+        if draw(st.booleans()):
+            node[where[-1]] = copy.deepcopy(draw(st.sampled_from(BAD_VALUES)))
+        else:
+            target = node if not isinstance(node.get(where[-1]), dict) else node[where[-1]]
+            target[f"zz_{draw(st.text('abcxyz', min_size=1, max_size=6))}"] = 1
+    for section in draw(st.lists(st.sampled_from(sorted(tree)), max_size=2)):  # missing keys: defaults
+        if section in ("evaluate", "sweep"):
+            tree.pop(section, None)
+    text = yaml.safe_dump(tree, sort_keys=False)
+    form = draw(st.sampled_from(["plain", "alias", "deep", "bytes", "scalar"]))
+    if form == "alias":  # an anchor reused where it does not belong
+        text = text.replace("tracking:", "tracking: &t", 1) + "evaluate: *t\n"
+    elif form == "deep":
+        text += "deep: " + "[" * draw(st.integers(50, 3000)) + "]" * 3 + "\n"
+    elif form == "bytes":
+        return text.encode() + draw(st.binary(min_size=1, max_size=8).map(lambda b: b"\xff\xfe" + b))
+    elif form == "scalar":
+        text = draw(st.sampled_from(["42\n", "- a\n- b\n", "~\n", "'just a string'\n"]))
+    return text.encode()
+
+
+def run(args, workdir):
+    for leftover in ("mlflow.db", "results", "out"):  # examples share the fixture's folder
+        assert not (workdir / leftover).exists(), f"an earlier example left {leftover}"
+    err = io.StringIO()
+    with redirect_stderr(err):
+        code = main(args)
+    return code, err.getvalue()
+
+
+def assert_one_clean_line(code, err, workdir, kind):
+    lines = [ln for ln in err.strip().splitlines() if not ln.startswith("20")]  # minus log records
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("scalelab "), (code, err)
+    assert "Traceback" not in err
+    assert (
+        not (workdir / "mlflow.db").exists() and not (workdir / "results").exists() and not (workdir / "out").exists()
+    )
+    CASES[kind][0] += 1
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(blob=bad_params())
+def test_fuzzed_params_exit_2_with_one_line(workdir, prepared_digits, blob):
+    (workdir / "params.yaml").write_bytes(blob)
+    CASES["params"][1] += 1
+    code, err = run(["train", "--params", "params.yaml", "--data", str(prepared_digits), "--out", "out"], workdir)
+    assert_one_clean_line(code, err, workdir, "params")
+
+
+KEYS = [
+    "train.lr",
+    "train.epochs",
+    "train.model.hidden",
+    "train.strategy",
+    "data.seed",
+    "train.zz",
+    "zz",
+    "train.num_nodes",
+    "tracking.enabled",
+]
+BAD_OVERRIDE_VALUES = ["-1", "[1,", "{a: [", "-1e308", "[64,64],[-1]", "'unclosed", "abc,def", "1e-3,{}", "", "[[", ":"]
+
+
+@settings(max_examples=120, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(key=st.sampled_from(KEYS), value=st.sampled_from(BAD_OVERRIDE_VALUES), sep=st.sampled_from(["=", "", "=="]))
+def test_fuzzed_overrides_exit_2_with_one_line(workdir, prepared_digits, key, value, sep):
+    (workdir / "params.yaml").write_text(yaml.safe_dump(tiny_params()))
+    CASES["overrides"][1] += 1
+    code, err = run(
+        ["sweep", "submit", "--name", "fz", "--data", str(prepared_digits), "-S", f"{key}{sep}{value}"], workdir
+    )
+    assert_one_clean_line(code, err, workdir, "overrides")
+    assert "-S" in err or key.split(".")[0] in err or "params.yaml" in err
+
+
+def test_overrides_read_values_as_dvc_does():
+    from scalelab.config.overrides import parse_overrides
+
+    grid = parse_overrides(["train.lr=1e-3,3e-4", "train.model.hidden=[64,64],[128]", "train.seed=0"])
+    assert grid == {"train.lr": [0.001, 0.0003], "train.model.hidden": [[64, 64], [128]], "train.seed": [0]}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def write_fuzz_figures():
+    yield
+    record_reliability(
+        "fuzz",
+        {f"{kind}_cases": n for kind, (_, n) in CASES.items()}
+        | {f"{kind}_clean_one_line": ok for kind, (ok, _) in CASES.items()},
+    )
+    json.dumps(CASES)
