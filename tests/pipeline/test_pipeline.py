@@ -62,6 +62,7 @@ def test_dvc_exp_show_and_metrics_diff_read_each_experiments_metrics(repo_copy):
     training_pipeline(repo_copy, params, commit=True)
     run_cli("dvc", "repro", cwd=repo_copy)
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@e"]
+    subprocess.run(["git", "add", "dvc.lock"], cwd=repo_copy, check=True)
     subprocess.run([*git, "commit", "-qam", "baseline results"], cwd=repo_copy, check=True)
     out = run_cli("dvc", "exp", "run", "-S", "train.lr=0.01", "--name", "lr01", cwd=repo_copy).stdout
     assert "Running stage 'train'" in out

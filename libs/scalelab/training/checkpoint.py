@@ -107,7 +107,15 @@ class Checkpointer:
             old = json.loads(meta.read_text())
             if old.get("fingerprint") == self.fingerprint:
                 return old.get("run_id")
-            log.warning("checkpoints in %s were made with other params; starting afresh", self.folder)
+            # this job holds the output folder's lock (runtime.lock), so it owns what is in it
+            log.warning(
+                "removing %d checkpoint(s) of fingerprint %s from %s: they were made with other params, "
+                "data or code (this job's fingerprint is %s)",
+                len(self.steps()),
+                old.get("fingerprint"),
+                self.folder,
+                self.fingerprint,
+            )
             shutil.rmtree(self.folder)
         return None
 

@@ -26,17 +26,18 @@ from scalelab.launch import slurm
 from scalelab.launch.local import LaunchError, run_torchrun, worker_env
 from scalelab.launch.shape import check_shape, local_capacity, train_shape
 from scalelab.runtime.io import atomic_write_json
+from scalelab.runtime.lock import FolderLock
 from scalelab.runtime.signals import StopFlag, raise_on_sigterm
 from scalelab.tracking import tracking_uri
 from scalelab.training import evaluation, job, workloads
 from scalelab.training.plan import RunPlan, read_resolved, write_resolved
 
 
-def resolve(params: Params, data_dir: str | Path, out_dir: str | Path) -> Path:
-    """Checks the data, the model and the plan, and writes `<out_dir>/resolved.json`.
+def plan_job(params: Params, data_dir: str | Path) -> RunPlan:
+    """Checks the data, the model and the plan, before anything is written or started.
 
     Raises:
-        ConfigError, DataError: before anything has started.
+        ConfigError, DataError: naming what is wrong.
     """
     manifest = verify(data_dir)
     t = params.train
@@ -46,8 +47,12 @@ def resolve(params: Params, data_dir: str | Path, out_dir: str | Path) -> Path:
         input_shape=manifest["input_shape"],  # a model that cannot be built
         num_classes=manifest["num_classes"],
     )
-    plan = RunPlan.of(t, manifest["splits"]["train"]["num_samples"])
-    return write_resolved(out_dir, params, plan)
+    return RunPlan.of(t, manifest["splits"]["train"]["num_samples"])
+
+
+def resolve(params: Params, data_dir: str | Path, out_dir: str | Path) -> Path:
+    """`plan_job`, then writes `<out_dir>/resolved.json`; returns its path."""
+    return write_resolved(out_dir, params, plan_job(params, data_dir))
 
 
 def launch(params: Params, data_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
@@ -57,11 +62,22 @@ def launch(params: Params, data_dir: str | Path, out_dir: str | Path) -> dict[st
         misfit = check_shape(train_shape(t), local_capacity())
         if misfit:
             raise ConfigError(misfit.message("train"))
-    resolved = resolve(params, data_dir, out_dir)
-    if t.launcher == "slurm":
-        return run_slurm(params, resolved, data_dir, out_dir)
-    if t.strategy != "ddp":
-        return run_worker(resolved, data_dir, out_dir)
+    else:
+        profile = slurm.load_profile(params.slurm.profile)
+        slurm.preflight(params, profile, tracking_uri())
+    plan = plan_job(params, data_dir)
+    with FolderLock(out_dir):  # one job per output folder, from here until every process has ended
+        resolved = write_resolved(out_dir, params, plan)
+        if t.launcher == "slurm":
+            return run_slurm(params, profile, resolved, data_dir, out_dir)
+        if t.strategy != "ddp":
+            return run_worker(resolved, data_dir, out_dir)
+        return run_local_ddp(params, resolved, data_dir, out_dir)
+
+
+def run_local_ddp(params: Params, resolved: Path, data_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
+    """torchrun on this machine; a run a dead rank left RUNNING is closed here."""
+    t = params.train
     args = ["train-worker", "--resolved", str(resolved), "--data", str(data_dir), "--out", str(out_dir)]
     try:
         got = run_torchrun(
@@ -97,10 +113,10 @@ def run_worker(resolved: str | Path, data_dir: str | Path, out_dir: str | Path) 
     return job.run(params, plan, data_dir, out_dir)
 
 
-def run_slurm(params: Params, resolved: Path, data_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
-    """Pre-flight, submit one training job through submitit, stream it, and wait for it."""
-    profile = slurm.load_profile(params.slurm.profile)
-    slurm.preflight(params, profile, tracking_uri())
+def run_slurm(
+    params: Params, profile: slurm.Profile, resolved: Path, data_dir: str | Path, out_dir: str | Path
+) -> dict[str, Any]:
+    """Submits one training job through submitit (after the pre-flight), streams it, and waits."""
     os.environ.update(worker_env(params.train.threads_per_process))  # sbatch exports it to the tasks
     ex = slurm.train_executor(params, profile, name=f"scalelab-{params.train.workload}")
     submitted = slurm.submit(

@@ -1,0 +1,94 @@
+"""Crash-safe checkpoints: the writer is SIGKILLed at enumerated points inside a save, and loading
+always returns the newest complete checkpoint. One job per output folder: a second one fails at once."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import BIN, record_reliability, tiny_params, write_params
+from scalelab.training.checkpoint import Checkpointer
+
+# the child saves `done` checkpoints, then dies at `point` inside the next save
+CHILD = r"""
+import os, signal, sys, tempfile, torch
+from pathlib import Path
+from scalelab.runtime import io as sio
+from scalelab.training.checkpoint import Checkpointer
+
+folder, point, done = sys.argv[1], sys.argv[2], int(sys.argv[3])
+ckpt = Checkpointer(folder, "fp", keep=2)
+state = lambda step: {"w": torch.full((256, 256), float(step))}
+for step in range(1, done + 1):
+    ckpt.save(step, state(step))
+
+def die(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+real_fdopen, real_mkstemp = os.fdopen, tempfile.mkstemp
+class HalfWriter:
+    def __init__(self, fh): self.fh = fh
+    def __enter__(self): return self
+    def __exit__(self, *a): return False
+    def write(self, data): self.fh.write(data[: len(data) // 2]); self.fh.flush(); die()
+if point == "serialize":
+    torch.save = die
+elif point == "mkstemp":
+    tempfile.mkstemp = lambda *a, **k: (real_mkstemp(*a, **k), die())[0]
+elif point == "write":
+    os.fdopen = lambda fd, mode: HalfWriter(real_fdopen(fd, mode))
+elif point == "fsync":
+    os.fsync = die
+elif point == "replace":
+    os.replace = die
+elif point == "prune":
+    Path.unlink = die
+ckpt.save(done + 1, state(done + 1))
+"""
+POINTS = ["serialize", "mkstemp", "write", "fsync", "replace", "prune"]
+TRIALS = {"trials": 0, "faults_injected": 0, "recovered_newest_complete": 0}
+
+
+@pytest.mark.parametrize("done", [1, 2, 3, 4])
+@pytest.mark.parametrize("point", POINTS)
+def test_a_save_killed_anywhere_leaves_the_newest_complete_checkpoint(tmp_path, point, done):
+    done += point == "prune"  # keep=2: the first save that prunes is the third
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), point, str(done)], capture_output=True)
+    TRIALS["trials"] += 1
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    TRIALS["faults_injected"] += 1
+    state = Checkpointer(tmp_path, "fp", keep=2).load_latest()
+    newest = done + 1 if point == "prune" else done  # past os.replace the new one is complete
+    assert state is not None and state["step"] == newest and bool((state["w"] == newest).all())
+    TRIALS["recovered_newest_complete"] += 1
+
+
+@pytest.fixture(scope="module", autouse=True)
+def write_trial_figures():
+    yield
+    record_reliability("checkpoint_faults", dict(TRIALS, points=POINTS))
+
+
+@pytest.mark.distributed
+def test_a_second_job_on_the_same_folder_fails_at_once_and_deletes_nothing(workdir, prepared_digits):
+    write_params(workdir / "params.yaml", tiny_params(train={"epochs": 60}, tracking={"system_metrics_interval_s": 0}))
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    cmd = [str(BIN / "scalelab"), "train", "--data", str(prepared_digits), "--out", "out"]
+    first = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not list((workdir / "out/checkpoints").glob("step-*.pt")):
+        assert first.poll() is None and time.time() < deadline, first.communicate()[1][-3000:]
+        time.sleep(0.2)
+    before = sorted(p.name for p in (workdir / "out").rglob("*") if p.is_file())
+    second = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 2, second.stderr
+    line = second.stderr.strip().splitlines()[-1]
+    assert f"{workdir / 'out'}" in line or "out is in use by another job" in line, line
+    assert f'"pid": {first.pid}' in line, line  # names the holder
+    _, err = first.communicate(timeout=600)
+    assert first.returncode == 0, err[-3000:]
+    after = {p.name for p in (workdir / "out").rglob("*") if p.is_file()}
+    assert {"model.pt", "run.json"} <= after and set(before) - after <= {n for n in before if n.startswith("step-")}
