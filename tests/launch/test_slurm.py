@@ -33,7 +33,7 @@ def sacct_states(job_id: str, env: dict, want: str, timeout_s: float = 60) -> di
 
 
 def weights(path):
-    return torch.load(path, weights_only=False)["model"]
+    return torch.load(path, weights_only=True)["model"]
 
 
 def test_dvc_repro_on_two_slurm_nodes_matches_local_torchrun(repo_copy, slurm_cluster):

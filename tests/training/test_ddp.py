@@ -22,7 +22,7 @@ def train(workdir, data_dir, out="results/train", **sections):
 
 
 def weights(out_dir):
-    return torch.load(out_dir / "model.pt", weights_only=False)["model"]
+    return torch.load(out_dir / "model.pt", weights_only=True)["model"]
 
 
 def assert_same_weights(a, b):

@@ -33,6 +33,6 @@ def test_stop_mid_epoch_then_resume_is_bitwise_identical(workdir, prepared_digit
     assert stopped["preempted"] and stopped["step"] == 45  # 39 steps per epoch: mid-epoch 2
     assert not (workdir / "pre/model.pt").exists()
     train_here(params, prepared_digits, workdir / "pre")
-    ref = torch.load(workdir / "ref/model.pt", weights_only=False)["model"]
-    got = torch.load(workdir / "pre/model.pt", weights_only=False)["model"]
+    ref = torch.load(workdir / "ref/model.pt", weights_only=True)["model"]
+    got = torch.load(workdir / "pre/model.pt", weights_only=True)["model"]
     assert all(torch.equal(ref[k], got[k]) for k in ref)

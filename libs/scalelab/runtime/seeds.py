@@ -65,15 +65,32 @@ def ledger_params(ledger_: dict) -> dict[str, object]:
 
 
 def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every generator's state as tensors and plain values, so that checkpoints load with
+    `torch.load(weights_only=True)`: nothing in them is a pickled object."""
+    version, keys, gauss = random.getstate()
+    _, np_keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    state = {
+        "python": [version, list(keys), gauss],
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "keys": torch.from_numpy(np_keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, keys, gauss = state["python"]
+    random.setstate((version, tuple(keys), gauss))
+    n = state["numpy"]
+    np.random.set_state(
+        ("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    )
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

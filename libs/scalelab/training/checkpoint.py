@@ -136,7 +136,7 @@ class Checkpointer:
         """The newest checkpoint that loads and matches the fingerprint, or None."""
         for step in self.steps():
             try:
-                state = torch.load(self.path(step), map_location="cpu", weights_only=False)
+                state = torch.load(self.path(step), map_location="cpu", weights_only=True)
             except Exception as exc:  # a damaged file: fall back to an older one
                 log.warning("skipping unreadable checkpoint %s: %s", self.path(step), exc)
                 continue

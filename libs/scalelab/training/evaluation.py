@@ -4,13 +4,14 @@ the trained model on the test split -> results/eval/metrics.json and the trainin
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from scalelab.config import Params
-from scalelab.data.store import load_split, verify
+from scalelab.data.store import DataError, load_split, verify
 from scalelab.runtime import dist
 from scalelab.runtime.io import atomic_write_json
 from scalelab.tracking import MlflowTracker
@@ -53,7 +54,11 @@ def run(params: Params, data_dir: str | Path, train_dir: str | Path, out_file: s
     model_path = train_dir / MODEL_FILE
     if not model_path.is_file():
         raise FileNotFoundError(f"{model_path} is missing; run `dvc repro train` first")
-    blob = torch.load(model_path, map_location="cpu", weights_only=False)
+    try:  # tensors and plain values only: a pickled object in the file (e.g. from a shared remote) never runs
+        blob = torch.load(model_path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise DataError(f"{model_path} holds pickled objects, not only weights; refused to load it ({first})") from None
     wl = workloads.load(
         blob["workload"], blob["model_config"], input_shape=blob["input_shape"], num_classes=blob["num_classes"]
     )
