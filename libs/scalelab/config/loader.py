@@ -50,6 +50,15 @@ def _copy(value: Any) -> Any:
     return value
 
 
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def check_name(key: str, value: str) -> None:
+    """Names are names, never paths: letters, digits, '_', '.', '-', at most 64, no '..'."""
+    if not NAME.match(value) or ".." in value:
+        raise _bad(key, value, "a name of letters, digits, '_', '.' and '-' (at most 64, no '/' or '..')")
+
+
 def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin is Literal:

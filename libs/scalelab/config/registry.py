@@ -12,7 +12,7 @@ import pkgutil
 from types import ModuleType
 from typing import Any
 
-from scalelab.config.loader import ConfigError, build
+from scalelab.config.loader import ConfigError, build, check_name
 
 PACKAGE = "experiments"
 
@@ -25,6 +25,7 @@ def available() -> list[str]:
 
 def workload_module(name: str, key: str) -> ModuleType:
     """The module of workload `name`; `key` is the params section that names it."""
+    check_name(f"{key}.workload", name)
     if name not in available():
         raise ConfigError(
             f"{key}.workload = {name!r} is not a known workload; "

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from scalelab.config import registry
-from scalelab.config.loader import ConfigError, build, knob, read_yaml
+from scalelab.config.loader import ConfigError, build, check_name, knob, read_yaml
 
 Strategy = Literal["single", "dp", "ddp"]
 Precision = Literal["fp32", "bf16", "fp16"]
@@ -31,6 +31,9 @@ class TrackingConfig:
         doc="seconds between system-metrics samples on each node (MLflow's SystemMetricsMonitor); 0 turns them off",
     )
     run_id: str = knob("", doc="log into this existing run (set by `scalelab sweep` per element)")
+
+    def check(self, prefix: str) -> None:
+        check_name(f"{prefix}.experiment", self.experiment)
 
 
 @dataclass(**FROZEN)
@@ -196,6 +199,9 @@ class SlurmConfig:
     max_timeouts: int = knob(3, ge=0, doc="requeues allowed after a time-limit signal")
     poll_interval_s: float = knob(5.0, gt=0.0)
     est_step_time_s: float = knob(1.0, gt=0.0, doc="rough step time, for the pre-flight check only")
+
+    def check(self, prefix: str) -> None:
+        check_name(f"{prefix}.profile", self.profile)  # a name under slurm/profiles/, never a path
 
 
 @dataclass(**FROZEN)

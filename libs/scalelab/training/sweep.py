@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 from scalelab.config import ConfigError, Params, parse_params, read_yaml
+from scalelab.config.loader import check_name
 from scalelab.config.overrides import apply, expand, parse_overrides
 from scalelab.config.schema import load_params
 from scalelab.data.store import verify
@@ -29,7 +29,6 @@ from scalelab.tracking import MlflowTracker, tracking_uri
 from scalelab.training.submit import TrainJob, resolve
 
 ROOT = Path("results/sweeps")
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 SHAPE_KEYS = ("train.num_nodes", "train.nproc_per_node", "train.threads_per_process", "train.launcher")
 
 
@@ -54,8 +53,7 @@ def plan(params_file: str, specs: list[str]) -> tuple[Params, list[tuple[dict, P
 
 
 def submit(args: argparse.Namespace) -> int:
-    if not NAME.match(args.name):
-        raise ConfigError(f"--name {args.name!r} is not allowed: letters, digits, '_', '.', '-' (max 64)")
+    check_name("--name", args.name)
     folder = ROOT / args.name
     if (folder / "manifest.json").exists():
         raise ConfigError(f"--name {args.name!r}: {folder} already holds a sweep; pick another name")
@@ -108,6 +106,7 @@ def _child_run(base: Params, parent_id: str, name: str, index: int, overrides: d
 
 
 def _manifest(name: str) -> dict[str, Any]:
+    check_name("--name", name)
     path = ROOT / name / "manifest.json"
     if not path.is_file():
         raise ConfigError(
