@@ -1,7 +1,9 @@
 """Provenance: what code, data, environment and launcher produced a run.
 
 `collect()` returns flat tags (for filtering in the UI and for `scalelab reproduce`) plus larger
-texts logged as artifacts under `provenance/`:
+texts logged as artifacts under `provenance/`. Nothing secret leaves the machine: untracked files
+whose names look like secrets (`.env*`, keys, tokens, credentials) are never read, and every tag
+and text is redacted (`scalelab.tracking.secrets`), with the count in `provenance.redactions`:
 
 - code: `git.commit`, `git.branch`, `git.dirty` (tracked changes against HEAD), `git.untracked`;
   `dirty.diff` (tracked changes) and `untracked.diff` (new files git does not ignore: the first
@@ -35,6 +37,7 @@ import yaml
 
 from scalelab.runtime import dist
 from scalelab.runtime.io import file_digests, json_digest
+from scalelab.tracking.secrets import is_secret_file, redact
 
 LAUNCH_VARS = (
     "SLURM_JOB_ID",
@@ -49,6 +52,7 @@ LAUNCH_VARS = (
     "TORCHELASTIC_MAX_RESTARTS",
 )
 UNTRACKED_MAX_BYTES = 1 << 20
+DIFF_MAX_BYTES = 8 << 20  # a larger diff is left out of the store (its size is recorded)
 UNTRACKED_MAX_FILES = 200  # one `git diff` each; the count in `git.untracked` is always complete
 NONE = "none"
 
@@ -67,13 +71,15 @@ def git_info(root: Path) -> tuple[dict[str, str], dict[str, str]]:
     branch = (_git(root, "rev-parse", "--abbrev-ref", "HEAD") or "unknown").strip()
     status = _git(root, "status", "--porcelain", "--untracked-files=no")
     diff = _git(root, "diff", "HEAD", "--binary") or ""
-    untracked = [p for p in (_git(root, "ls-files", "--others", "--exclude-standard", "-z") or "").split("\0") if p]
+    listed = [p for p in (_git(root, "ls-files", "--others", "--exclude-standard", "-z") or "").split("\0") if p]
+    untracked = [p for p in listed if not is_secret_file(p)]  # a .env, a key, a token file: never read
     dirty = "unknown" if status is None else str(bool(status.strip())).lower()
     tags = {
         "git.commit": commit,
         "git.branch": branch,
         "git.dirty": dirty,
-        "git.untracked": str(len(untracked)),
+        "git.untracked": str(len(listed)),
+        "git.untracked_secret_files_skipped": str(len(listed) - len(untracked)),
         "mlflow.source.git.commit": commit,
     }
     texts = {"provenance/dirty.diff": diff, "provenance/untracked.diff": _untracked_diff(root, untracked)}
@@ -257,4 +263,25 @@ def collect(
     artifacts = {**texts, **data_texts, "provenance/pip-freeze.txt": pip_freeze()}
     if (root / "dvc.lock").is_file():
         artifacts["provenance/dvc.lock"] = (root / "dvc.lock").read_text()
-    return tags, artifacts
+    return scrub(tags, artifacts)
+
+
+def scrub(tags: dict[str, str], artifacts: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """Redacts credential-shaped strings in every tag and text, leaves out diffs over
+    DIFF_MAX_BYTES, and records the count, the cap and each diff's sha256 as tags."""
+    count, out_tags, out_texts = 0, {}, {}
+    for key, value in tags.items():
+        out_tags[key], n = redact(str(value))
+        count += n
+    for name, text in artifacts.items():
+        clean, n = redact(text)
+        count += n
+        if name.endswith(".diff") and len(clean.encode()) > DIFF_MAX_BYTES:
+            out_tags[f"provenance.{Path(name).name}.omitted_bytes"] = str(len(clean.encode()))
+            continue
+        out_texts[name] = clean
+        if name.endswith(".diff"):
+            out_tags[f"provenance.{Path(name).name}.sha256"] = hashlib.sha256(clean.encode()).hexdigest()
+    out_tags["provenance.redactions"] = str(count)
+    out_tags["provenance.diff_max_bytes"] = str(DIFF_MAX_BYTES)
+    return out_tags, out_texts

@@ -28,7 +28,7 @@ SECRET_FILES = (
 )
 MASK = "***"
 _ASSIGN = (
-    r"(?i)(?P<head>\b[\w.-]*(?:{names})[\w.-]*[\"']?\s*[=:]\s*[\"']?){guard}"
+    r"(?i)(?P<head>\b[\w.-]*(?:{names})[\w.-]*[\"']?\s*[=:]\s*[\"']?)(?![=:]){guard}"
     r"(?P<secret>[^\s\"',;()\[\]{{}}]{{3,}})(?=[\s\"',;]|$)"
 )
 _NOT_A_NUMBER = r"(?![-+]?[\d.]+(?:[\s\"',;]|$)|(?i:true|false|none|null)\b)"
