@@ -68,3 +68,9 @@ def test_a_refused_job_exits_2_before_anything_is_submitted(workdir, prepared_di
     assert "Traceback" not in proc.stderr
     assert not (workdir / "results/slurm").exists() and not (workdir / "mlflow.db").exists()
     assert not (workdir / "out/slurm.json").exists()  # no job id: nothing was submitted
+
+
+def test_error_messages_mask_the_credentials_of_the_store(tmp_path):
+    with pytest.raises(ConfigError) as exc:
+        slurm.preflight(params(tmp_path), PROFILE, f"http://alice:hunter2@127.0.0.1:{free_port()}")
+    assert "hunter2" not in str(exc.value) and "alice:***@" in str(exc.value)

@@ -20,6 +20,7 @@ from scalelab.config import FROZEN, ConfigError, Params, build, knob, read_yaml
 from scalelab.launch.local import LaunchError
 from scalelab.launch.shape import Capacity, check_shape, train_shape
 from scalelab.runtime.paths import repo_root
+from scalelab.tracking.secrets import mask_uri
 
 PROFILES = Path("slurm/profiles")
 NCCL_SIGNALS = {"USR1"}  # NCCL installs a SIGUSR1 handler of its own
@@ -92,14 +93,14 @@ def check_tracking_reachable(uri: str, profile: Profile, name: str) -> None:
         path = Path(parsed.path if not parsed.path.startswith("//") else parsed.path[1:])
         if not any(path.resolve().is_relative_to(Path(p)) for p in profile.shared_paths):
             raise ConfigError(
-                f"MLFLOW_TRACKING_URI = {uri!r}: {path} is not under the shared paths "
+                f"MLFLOW_TRACKING_URI = {mask_uri(uri)!r}: {path} is not under the shared paths "
                 f"{profile.shared_paths} of profile {name!r}, so compute nodes cannot reach "
                 "it; put the store on a shared path or run `make mlflow-server`"
             )
     elif parsed.scheme in ("http", "https"):
         if parsed.hostname in ("127.0.0.1", "localhost", "::1") and not profile.login_node_is_compute_host:
             raise ConfigError(
-                f"MLFLOW_TRACKING_URI = {uri!r} points at loopback, which compute nodes of "
+                f"MLFLOW_TRACKING_URI = {mask_uri(uri)!r} points at loopback, which compute nodes of "
                 f"profile {name!r} cannot reach; use the login node's host name"
             )
         _ping(uri)
@@ -112,7 +113,7 @@ def _ping(uri: str) -> None:
         urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=10).read()
     except OSError as exc:
         raise ConfigError(
-            f"MLFLOW_TRACKING_URI = {uri!r} does not answer ({exc}); start it with `make mlflow-server`"
+            f"MLFLOW_TRACKING_URI = {mask_uri(uri)!r} does not answer ({exc}); start it with `make mlflow-server`"
         ) from None
 
 

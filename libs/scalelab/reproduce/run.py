@@ -39,6 +39,7 @@ import yaml
 from scalelab.reproduce.compare import Check, compare_metrics, compare_params, compare_weights, short, table
 from scalelab.runtime.paths import repo_root
 from scalelab.tracking import provenance, tracking_uri
+from scalelab.tracking.secrets import mask_uri
 
 
 class CannotReproduce(RuntimeError):
@@ -145,7 +146,7 @@ def reproduce(run_id: str, *, data: str | None, keep: bool, rtol: float, atol: f
     try:
         old = client.get_run(run_id)
     except Exception as exc:
-        raise CannotReproduce(f"run {run_id} is not in {tracking_uri()}: {exc}") from None
+        raise CannotReproduce(f"run {run_id} is not in {mask_uri(tracking_uri())}: {mask_uri(str(exc))}") from None
     root = repo_root()
     data_dir = Path(data) if data else root / old.data.tags.get("data.path", "data/prepared")
     checks = verify_data(old.data.tags, data_dir.resolve())
