@@ -8,8 +8,12 @@
    or `--data`) must have the sha256 recorded in the run's `data.sha256.<file>` tags (the same
    figures as `provenance/data-files.json`), and the folder's DVC md5 (`data.md5`, the value
    dvc.lock holds for it) must match too, so an added or removed file is caught as well.
-3. Checks out the run's commit into a temporary git worktree and applies the recorded
-   `provenance/dirty.diff` and `provenance/untracked.diff`, if any.
+3. Trusts nothing it read (`scalelab.reproduce.guard`): `git.commit` must be a commit in this
+   repository; each recorded diff must have its recorded sha256 and may change regular files
+   inside the worktree only (no symlinks, mode changes, absolute or `..` paths). It prints what
+   it will apply (files, +/- lines), and needs --yes (or a "y" on a terminal) when that changes
+   code (libs/, experiments/, any .py). Then it checks out the commit into a temporary git
+   worktree and applies `provenance/dirty.diff` and `provenance/untracked.diff`, if any.
 4. Writes the recorded `config.json` as the worktree's params.yaml and runs that code's
    `scalelab train` (and `scalelab evaluate` when the run has test metrics) on the verified data,
    logging into the same store. The new run is named `reproduce-<original run name>` and tagged
@@ -20,7 +24,8 @@
    not expected to repeat and are listed as skipped.
 
 Exit status: 0 when everything compared matches; 1 on a mismatch (data hash, param, metric,
-weights); 2 when the run cannot be reproduced (unknown run, no provenance, git or training failed).
+weights); 2 when the run cannot be reproduced (unknown run, no provenance, a refused commit or diff,
+no --yes, git or training failed).
 """
 
 from __future__ import annotations
@@ -37,15 +42,23 @@ from typing import Any
 import yaml
 
 from scalelab.reproduce.compare import Check, compare_metrics, compare_params, compare_weights, short, table
+from scalelab.reproduce.guard import (
+    CannotReproduce,
+    FileChange,
+    check_commit,
+    check_patch,
+    confirm,
+    parse_diff,
+    summary,
+    verify_diff,
+    write_file,
+)
 from scalelab.runtime.paths import repo_root
 from scalelab.tracking import provenance, tracking_uri
 from scalelab.tracking.secrets import mask_uri
 
-
-class CannotReproduce(RuntimeError):
-    """The run lacks what reproducing needs, or a step (git, training) failed."""
-
-    exit_status = 2  # the CLI's "cannot be reproduced"
+__all__ = ["CannotReproduce", "reproduce", "report", "write_params"]
+DIFFS = ("provenance/dirty.diff", "provenance/untracked.diff")
 
 
 def verify_data(tags: dict[str, str], data_dir: Path) -> list[Check]:
@@ -69,18 +82,24 @@ def verify_data(tags: dict[str, str], data_dir: Path) -> list[Check]:
     return checks
 
 
-def checkout(root: Path, commit: str, dest: Path, client: Any, run_id: str) -> list[str]:
-    """A detached worktree of `commit` at `dest`, with the run's diffs applied; returns their names."""
-    if len(commit) != 40:
-        raise CannotReproduce(f"the run records no git commit (git.commit = {commit!r})")
-    _git(root, "worktree", "add", "--detach", str(dest), commit)
-    applied = []
-    for name in ("provenance/dirty.diff", "provenance/untracked.diff"):
-        patch = _download(client, run_id, name, dest.parent)
-        if patch is not None:
-            _git(dest, "apply", "--binary", "--whitespace=nowarn", str(patch))
-            applied.append(Path(name).name)
-    return applied
+def fetch_diffs(client: Any, run_id: str, tags: dict[str, str], dest: Path) -> list[tuple[Path, list[FileChange]]]:
+    """The run's diffs, downloaded, hash-verified and checked, with the files each one changes."""
+    diffs = []
+    for name in DIFFS:
+        patch = _download(client, run_id, name, dest)
+        blob = verify_diff(tags, Path(name).name, patch)
+        if blob is not None and patch is not None:
+            diffs.append((patch, parse_diff(blob, Path(name).name)))
+    return diffs
+
+
+def checkout(root: Path, commit: str, dest: Path, diffs: list[tuple[Path, list[FileChange]]]) -> list[str]:
+    """A detached worktree of `commit` at `dest`, with the checked diffs applied; returns their names."""
+    _git(root, "worktree", "add", "--detach", "--", str(dest), commit)
+    for patch, changes in diffs:
+        check_patch(root, patch, changes, dest)
+        _git(dest, "apply", "--binary", "--whitespace=nowarn", "--end-of-options", str(patch))
+    return [patch.name for patch, _ in diffs]
 
 
 def _git(cwd: Path, *args: str) -> None:
@@ -105,7 +124,7 @@ def write_params(client: Any, run_id: str, worktree: Path) -> None:
         raise CannotReproduce("the run has no config.json artifact")
     config = json.loads(path.read_text())
     config.get("tracking", {}).pop("run_id", None)
-    (worktree / "params.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    write_file(worktree, "params.yaml", yaml.safe_dump(config, sort_keys=False))
 
 
 def rerun(worktree: Path, data_dir: Path, out: Path, evaluate: bool) -> str:
@@ -138,7 +157,7 @@ def rerun(worktree: Path, data_dir: Path, out: Path, evaluate: bool) -> str:
     return json.loads((out / "run.json").read_text())["run_id"]
 
 
-def reproduce(run_id: str, *, data: str | None, keep: bool, rtol: float, atol: float) -> list[Check]:
+def reproduce(run_id: str, *, data: str | None, keep: bool, rtol: float, atol: float, yes: bool = False) -> list[Check]:
     """Verifies, reruns and compares; returns the checks (data mismatches stop before training)."""
     from mlflow import MlflowClient
 
@@ -152,10 +171,17 @@ def reproduce(run_id: str, *, data: str | None, keep: bool, rtol: float, atol: f
     checks = verify_data(old.data.tags, data_dir.resolve())
     if any(c.status == "MISMATCH" for c in checks):
         return checks
+    commit = check_commit(root, old.data.tags.get("git.commit", ""))
     tmp = Path(tempfile.mkdtemp(prefix="scalelab-reproduce-"))
     worktree = tmp / "src"
     try:
-        applied = checkout(root, old.data.tags.get("git.commit", ""), worktree, client, run_id)
+        diffs = fetch_diffs(client, run_id, old.data.tags, tmp)
+        print(f"will check out {commit}" + ("" if diffs else " (no recorded diff)"))
+        for patch, changes in diffs:
+            print(summary(patch.name, changes))
+        sys.stdout.flush()
+        confirm([c for _, changes in diffs for c in changes], yes, sys.stdin.isatty() and sys.stderr.isatty())
+        applied = checkout(root, commit, worktree, diffs)
         checks.append(
             Check(
                 "code",
