@@ -132,14 +132,49 @@ def stop_group(proc: subprocess.Popen, timeout_s: float = 20) -> None:
             continue
 
 
-def mlflow_server_script(backend_uri: str, artifacts: Path, log: Path, **env: str):
-    """slurm/mlflow-server.sh with its defaults (HOST left unset: it must bind 127.0.0.1)."""
-    port = free_port()
-    full_env = {k: v for k, v in os.environ.items() if k not in ("HOST", "MLFLOW_TRACKING_URI")}
+SERVER_SCRIPT = REPO / "slurm/mlflow-server.sh"
+# the script's settings, never inherited from the shell that runs the tests
+SERVER_SETTINGS = ("HOST", "AUTH", "AUTH_DIR", "ALLOW_NO_AUTH", "ALLOWED_HOSTS", "CORS_ALLOWED_ORIGINS", "CHECK_ONLY")
+
+
+def server_script_env(backend_uri: str, artifacts: Path, port: int, **env: str) -> dict[str, str]:
+    """The environment slurm/mlflow-server.sh runs with: this one's, less its own settings."""
+    full_env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in SERVER_SETTINGS and not k.startswith(("MLFLOW_TRACKING_", "MLFLOW_AUTH_"))
+    }
     full_env.update(
         PORT=str(port), BACKEND_STORE_URI=backend_uri, ARTIFACTS_DESTINATION=str(artifacts), WORKERS="1", **env
     )
-    return serve([str(REPO / "slurm/mlflow-server.sh")], port, log, env=full_env)
+    return full_env
+
+
+def run_server_script(
+    backend_uri: str, artifacts: Path, timeout_s: float = 60, **env: str
+) -> subprocess.CompletedProcess:
+    """slurm/mlflow-server.sh run to its end: a refusal, or CHECK_ONLY=1 (nothing served). A script
+    that serves instead is stopped with its whole process group, and the test fails."""
+    full_env = server_script_env(backend_uri, artifacts, free_port(), **env)
+    cmd = [str(SERVER_SCRIPT)]
+    proc = subprocess.Popen(
+        cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        stop_group(proc)
+        out, err = proc.communicate()
+        raise AssertionError(
+            f"slurm/mlflow-server.sh still ran after {timeout_s:.0f} s (it served):\n{err[-3000:]}"
+        ) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def mlflow_server_script(backend_uri: str, artifacts: Path, log: Path, **env: str):
+    """slurm/mlflow-server.sh with its defaults (HOST left unset: it must bind 127.0.0.1)."""
+    port = free_port()
+    return serve([str(SERVER_SCRIPT)], port, log, env=server_script_env(backend_uri, artifacts, port, **env))
 
 
 def mlflow_ui(store_uri: str, log: Path):
