@@ -1,5 +1,6 @@
 """A run stopped at an arbitrary step (mid-epoch) and resumed ends bitwise equal to an uninterrupted one."""
 
+import pytest
 import torch
 
 from helpers import tiny_params, train_here, write_params
@@ -36,3 +37,51 @@ def test_stop_mid_epoch_then_resume_is_bitwise_identical(workdir, prepared_digit
     ref = torch.load(workdir / "ref/model.pt", weights_only=True)["model"]
     got = torch.load(workdir / "pre/model.pt", weights_only=True)["model"]
     assert all(torch.equal(ref[k], got[k]) for k in ref)
+
+
+class CrashAtCheck(StopAtCheck):
+    """Dies (an exception, as a node failure would end the job) just before step `k` ends."""
+
+    def everywhere(self, device: torch.device) -> bool:
+        if super().everywhere(device):
+            raise RuntimeError(f"injected crash at step {self.k}")
+        return False
+
+
+TIMING = {"step_time_ms", "samples_per_s"}  # wall-clock figures: the only ones a restart may change
+
+
+def histories(run_id: str) -> dict[str, list[tuple[int, float]]]:
+    """Every non-timing metric of a run as [(step, value)], in step order."""
+    from mlflow import MlflowClient
+
+    from scalelab.tracking.tracker import tracking_uri
+
+    client = MlflowClient(tracking_uri())
+    keys = sorted(k for k in client.get_run(run_id).data.metrics if k not in TIMING and not k.startswith("system/"))
+    return {k: sorted((m.step, m.value) for m in client.get_metric_history(run_id, k)) for k in keys}
+
+
+@pytest.mark.parametrize("fault", ["stop", "crash"])
+def test_metric_history_after_a_stop_between_logging_steps_equals_an_uninterrupted_run(workdir, prepared_digits, fault):
+    # log every 5 steps, checkpoint every 7: the stop (step 43) and the crash (step 47, resumed from
+    # the checkpoint at 42, steps 43..47 recomputed) both fall inside an open logging window
+    write_params(
+        workdir / "p.yaml",
+        tiny_params(train={"epochs": 3, "strategy": "single", "nproc_per_node": 1, "checkpoint_every_steps": 7}),
+    )
+    params = load_params(workdir / "p.yaml")
+    ref = train_here(params, prepared_digits, workdir / "ref")
+    if fault == "stop":
+        assert train_here(params, prepared_digits, workdir / "pre", stop=StopAtCheck(43))["step"] == 43
+    else:
+        with pytest.raises(RuntimeError, match="injected crash at step 47"):
+            train_here(params, prepared_digits, workdir / "pre", stop=CrashAtCheck(47))
+    got = train_here(params, prepared_digits, workdir / "pre")
+    assert got["run_id"] != ref["run_id"]
+    total = ref["total_steps"]
+    want, have = histories(ref["run_id"]), histories(got["run_id"])
+    assert set(have) == {"train_loss", "val_loss", "val_accuracy", "ranks_in_sync"}
+    train_steps = [s for s, _ in have["train_loss"]]
+    assert train_steps == sorted({*range(5, total + 1, 5), total}), train_steps  # no gap, none twice
+    assert have == want  # equal values, bit for bit, at every step

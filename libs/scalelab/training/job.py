@@ -39,6 +39,7 @@ from scalelab.training.plan import METRICS_FILE, MODEL_FILE, RUN_FILE, RunPlan
 
 log = logging.getLogger(__name__)
 PENDING_KEY = "pending_metrics"  # checkpoint entry: metrics not yet confirmed stored in MLflow
+WINDOW_KEY = "meter_window"  # checkpoint entry: every rank's open logging window (training.meter)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -172,6 +173,7 @@ def _train(
     tracker.replay_metrics((state or {}).get(PENDING_KEY, []))  # those the killed try may not have stored
     total, per_epoch, accum = plan.total_steps, plan.steps_per_epoch, plan.grad_accum_steps
     meter = Meter(train.warmup_steps + step, plan.global_batch)
+    meter.load_window((state or {}).get(WINDOW_KEY, [None] * env.world_size)[env.rank], device)
     bar = tqdm(
         total=total,
         initial=step,
@@ -219,7 +221,7 @@ def _train(
                 if step % train.checkpoint_every_steps == 0 or step == total or stopped:
                     if meter.window_steps and not meter.window_is_finite(device):
                         raise NonFiniteLossError(float("nan"), step, ckpt)  # never checkpoint it
-                    _checkpoint(loop, epoch, step, env, ckpt, tracker)
+                    _checkpoint(loop, meter, epoch, step, env, ckpt, tracker)
                 if stopped:
                     break
     bar.close()
@@ -237,8 +239,11 @@ def _train(
     return summary
 
 
-def _checkpoint(loop: Loop, epoch: int, step: int, env: dist.DistEnv, ckpt: Checkpointer, tracker: Tracker) -> None:
-    """Saves a checkpoint (rank 0) holding the metrics MLflow has not yet confirmed.
+def _checkpoint(
+    loop: Loop, meter: Meter, epoch: int, step: int, env: dist.DistEnv, ckpt: Checkpointer, tracker: Tracker
+) -> None:
+    """Saves a checkpoint (rank 0) holding every rank's open metric window and the metrics MLflow
+    has not yet confirmed.
 
     The metrics go to the background writer without waiting; those still unconfirmed are saved
     in the checkpoint, and a resume from it sends them again, so none is lost and none is logged
@@ -246,8 +251,9 @@ def _checkpoint(loop: Loop, epoch: int, step: int, env: dist.DistEnv, ckpt: Chec
     """
     tracker.flush(wait=False)
     state = checkpoint_state(loop, epoch, tracker.run_id)
+    windows = dist.all_gather_object(meter.window_state())
     if env.is_main:
-        ckpt.save(step, {**state, PENDING_KEY: tracker.pending_metrics()})
+        ckpt.save(step, {**state, WINDOW_KEY: windows, PENDING_KEY: tracker.pending_metrics()})
 
 
 def weights_digest(model: torch.nn.Module) -> str:

@@ -1,8 +1,14 @@
-"""Loss and throughput over logging windows, with warm-up steps left out of timing."""
+"""Loss and throughput over logging windows, with warm-up steps left out of timing.
+
+A checkpoint holds each rank's open window (`window_state`): a job stopped between two logging
+steps resumes with the same partial loss sum, so the next window averages the same steps, in the
+same order, as an uninterrupted run would.
+"""
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
@@ -17,7 +23,19 @@ class Meter:
         self.loss_sum: torch.Tensor | None = None
         self.window_steps = 0
         self.timed_steps, self.timed_s = 0, 0.0
+        self.untimed = 0  # steps of the open window run before a resume: not in this process's clock
         self.mark = time.perf_counter()
+
+    def window_state(self) -> dict[str, Any]:
+        """This rank's open window, for a checkpoint (tensors and ints only)."""
+        loss_sum = None if self.loss_sum is None else self.loss_sum.detach().cpu()
+        return {"loss_sum": loss_sum, "steps": self.window_steps}
+
+    def load_window(self, state: dict[str, Any] | None, device: torch.device) -> None:
+        """Reopens a window saved by `window_state` in an earlier try."""
+        if state and state["steps"]:
+            self.loss_sum = state["loss_sum"].to(device)
+            self.window_steps = self.untimed = state["steps"]
 
     def add(self, step: int, loss: torch.Tensor) -> None:
         self.loss_sum = loss if self.loss_sum is None else self.loss_sum + loss
@@ -33,14 +51,14 @@ class Meter:
         sums = torch.stack([self.loss_sum.float(), torch.tensor(float(self.window_steps), device=device)])
         loss_sum, steps = dist.all_reduce_sum(sums).tolist()
         out = {"train_loss": loss_sum / steps}
-        timed = min(self.window_steps, step - self.warmup_steps)
+        timed = min(self.window_steps - self.untimed, step - self.warmup_steps)
         if timed > 0:
             elapsed_s = now - self.mark
             self.timed_steps += timed
             self.timed_s += elapsed_s
             out["step_time_ms"] = 1000.0 * elapsed_s / timed
             out["samples_per_s"] = self.samples_per_step * timed / elapsed_s
-        self.loss_sum, self.window_steps, self.mark = None, 0, now
+        self.loss_sum, self.window_steps, self.untimed, self.mark = None, 0, 0, now
         return out
 
     def window_is_finite(self, device: torch.device) -> bool:
