@@ -4,7 +4,7 @@
     scalelab train     --params params.yaml --data data/prepared --out results/train
     scalelab evaluate  --params params.yaml --data data/prepared --train results/train --out results/eval/metrics.json
     scalelab speedup   --params params.yaml --out results/speedup
-    scalelab summary | sweep | reproduce | bench
+    scalelab summary | sweep | reproduce | send-metrics | bench
 
 dvc.yaml owns the paths and passes them here. Every command module exposes
 `add_arguments(parser)` and `run(args) -> int`. Exit status, for every command: 0 ok, 1 a failed
@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str | None]] = {
     "summary": ("scalelab.cli.summary", "print the pipeline's headline figures"),
     "sweep": ("scalelab.training.sweep", "a grid of -S overrides as one SLURM job array; status; collect"),
     "reproduce": ("scalelab.cli.reproduce", "rerun a tracked run from its provenance and compare"),
+    "send-metrics": ("scalelab.cli.send_metrics", "store the metrics a job wrote to unsent-metrics-<run>.json"),
     "bench": ("scalelab.bench.suite", "benchmarks that write results/bench/*.json"),
     "train-worker": ("scalelab.cli.train_worker", None),
     "cell-worker": ("scalelab.cli.cell_worker", None),

@@ -5,7 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-TIMING_METRICS = ("samples_per_s", "step_time_ms", "profile_trace_bytes")
+TIMING_METRICS = (
+    "samples_per_s",
+    "step_time_ms",
+    "mean_samples_per_s",
+    "mean_step_time_ms",
+    "profile_trace_bytes",
+)
 IGNORED_PARAMS = ("tracking.run_id",)  # a sweep's pre-made run: the reproduction gets its own
 
 

@@ -20,8 +20,8 @@
    `scalelab.kind=reproduce` and `scalelab.reproduces=<RUN_ID>`.
 5. Compares, and prints a table: every param and seed; every metric's full history, step by step,
    bitwise on CPU (within --rtol/--atol on CUDA); the final weights' sha256 (`weights.sha256`).
-   Timing and system metrics (samples_per_s, step_time_ms, profile_trace_bytes, system/...) are
-   not expected to repeat and are listed as skipped.
+   Timing and system metrics (samples_per_s, step_time_ms and their mean_ run figures,
+   profile_trace_bytes, system/...) are not expected to repeat and are listed as skipped.
 
 Exit status: 0 when everything compared matches; 1 on a mismatch (data hash, param, metric,
 weights); 2 when the run cannot be reproduced (unknown run, no provenance, a refused commit or diff,

@@ -1,10 +1,12 @@
 """Tracking: the tracker interface and its MLflow implementation (`tracker`), the metric writer
-process (`writer`), per-node system metrics (`sysmetrics`) and provenance (`provenance`).
+process (`writer`), metrics kept for later when the store is down (`unsent`), per-node system
+metrics (`sysmetrics`) and provenance (`provenance`).
 
 Owns: everything that talks to MLflow. The training loop sees only `Tracker`. Imports config and
 runtime only.
 """
 
 from scalelab.tracking.tracker import MlflowTracker, NullTracker, Tracker, experiment_id, tracking_uri
+from scalelab.tracking.unsent import UnsentMetrics
 
-__all__ = ["MlflowTracker", "NullTracker", "Tracker", "experiment_id", "tracking_uri"]
+__all__ = ["MlflowTracker", "NullTracker", "Tracker", "UnsentMetrics", "experiment_id", "tracking_uri"]

@@ -9,7 +9,8 @@ into the checkpoint, so a job killed while the writer is busy re-sends them on r
 (`replay_metrics`; SQL stores drop the exact duplicates this can give). `flush()` (wait=True)
 blocks until everything is stored, in this process when no writer runs (evaluation, the study).
 `finish()` flushes, waits at most about FINISH_WAIT_S and sets the status: `training.job.run` calls
-it on success and on failure alike, so a killed run ends KILLED or FAILED, never RUNNING.
+it on success and on failure alike, so a killed run ends KILLED or FAILED, never RUNNING. What the
+store still refuses then is written to a file and sent later (scalelab.tracking.unsent).
 
 The store is `MLFLOW_TRACKING_URI` when set, else `mlflow.db` (SQLite) at the repository root.
 """
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.runtime.paths import repo_root
+from scalelab.tracking import unsent
+from scalelab.tracking.secrets import mask_uri
 from scalelab.tracking.writer import ProcessWriter, store
 from scalelab.tracking.writer import Row as MetricRow
 
@@ -58,7 +61,7 @@ class Tracker:
 
     def replay_metrics(self, rows: list[MetricRow]) -> None: ...
     def skip_stored(self) -> None: ...
-    def finish(self, status: str = "FINISHED") -> None: ...
+    def finish(self, status: str | None = "FINISHED", spill_dir: str | Path | None = None) -> None: ...
 
 
 NullTracker = Tracker
@@ -73,6 +76,8 @@ class MlflowTracker(Tracker):
         self._metrics: list[MetricRow] = []  # logged, not yet handed to a writer
         self._writer: ProcessWriter | None = None  # started by the first flush(wait=False)
         self._stored: set[tuple[str, int]] = set()  # (key, step) already in the store (a resumed run)
+        self._unsent_tags: dict[str, str] = {}  # tags and artifacts the store refused: finish() spills them
+        self._unsent_files: dict[str, bytes] = {}  # artifact path in the run -> content
 
     @classmethod
     def open(
@@ -118,7 +123,12 @@ class MlflowTracker(Tracker):
 
         items = [RunTag(k, str(v)) for k, v in sorted(tags.items())]
         for i in range(0, len(items), BATCH_PARAMS):
-            self.client.log_batch(self.run_id, tags=items[i : i + BATCH_PARAMS])
+            try:
+                self.client.log_batch(self.run_id, tags=items[i : i + BATCH_PARAMS])
+            except Exception as exc:  # the store is down (after MLflow's own retries): finish() keeps them
+                log.warning("tags not stored yet (%s); kept for the end of the run", mask_uri(str(exc))[:300])
+                self._unsent_tags.update({t.key: t.value for t in items[i:]})
+                return
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         now = int(time.time() * 1000)
@@ -134,7 +144,13 @@ class MlflowTracker(Tracker):
         self._stored = {(k, m.step) for k in keys for m in self.client.get_metric_history(self.run_id, k)}
 
     def log_artifact(self, path: str | Path, folder: str | None = None) -> None:
-        self.client.log_artifact(self.run_id, str(path), folder)
+        try:
+            self.client.log_artifact(self.run_id, str(path), folder)
+        except Exception as exc:  # the store is down: finish() keeps a copy
+            if not Path(path).is_file():
+                raise
+            log.warning("artifact %s not stored yet (%s); kept for the end of the run", path, mask_uri(str(exc))[:300])
+            self._unsent_files[str(Path(folder or "") / Path(path).name)] = Path(path).read_bytes()
 
     def log_dict(self, obj: Any, name: str) -> None:
         self.log_text(json.dumps(obj, indent=2, sort_keys=True, default=str), name)
@@ -182,8 +198,11 @@ class MlflowTracker(Tracker):
         if rows:
             self._async_writer().submit(rows)
 
-    def finish(self, status: str = "FINISHED") -> None:
-        """Stores what is buffered (waiting at most ~FINISH_WAIT_S in all), then sets the status."""
+    def finish(self, status: str | None = "FINISHED", spill_dir: str | Path | None = None) -> None:
+        """Stores what is buffered (waiting at most ~FINISH_WAIT_S in all), then sets the status
+        (None: leaves it). Metrics the store did not take, and a status it could not set, are
+        written to `<spill_dir>/unsent-metrics-<run>.json` (default: this folder) and
+        `UnsentMetrics` names that file (scalelab.tracking.unsent): nothing is dropped."""
         deadline = time.monotonic() + FINISH_WAIT_S
         self.flush(wait=True, timeout_s=FINISH_WAIT_S / 2)
         if self._writer is not None:
@@ -196,9 +215,26 @@ class MlflowTracker(Tracker):
             time.sleep(delay_s)
             if store(self.client, self.run_id, self._metrics, attempts=1):
                 self._metrics = []
-        if self._metrics:
-            log.warning("%d metrics could not be stored in MLflow", len(self._metrics))
-        self.client.set_terminated(self.run_id, status=status)
+        if self._unsent_tags or self._unsent_files:  # one more try at what the store refused earlier
+            tags, files, self._unsent_tags, self._unsent_files = self._unsent_tags, self._unsent_files, {}, {}
+            self.set_tags(tags)
+            with tempfile.TemporaryDirectory() as tmp:
+                for name, data in files.items():
+                    (Path(tmp) / name).parent.mkdir(parents=True, exist_ok=True)
+                    (Path(tmp) / name).write_bytes(data)
+                    self.log_artifact(Path(tmp) / name, str(Path(name).parent) if "/" in name else None)
+        unset = None
+        if status is not None:
+            try:
+                self.client.set_terminated(self.run_id, status=status)
+            except Exception as exc:
+                log.warning("could not set run %s to %s: %s", self.run_id, status, mask_uri(str(exc)))
+                unset = status
+        if self._metrics or unset or self._unsent_tags or self._unsent_files:
+            rows, self._metrics = self._metrics, []
+            left = unsent.Unsent(rows, unset, self._unsent_tags, self._unsent_files)
+            self._unsent_tags, self._unsent_files = {}, {}
+            raise unsent.spill(spill_dir or Path.cwd(), self.run_id, self.client.tracking_uri, left)
 
 
 def experiment_id(client: Any, name: str) -> str:

@@ -71,6 +71,6 @@ def run(params: Params, data_dir: str | Path, train_dir: str | Path, out_file: s
     if params.tracking.enabled and run_info.get("run_id"):
         tracker = MlflowTracker.attach(run_info["run_id"])
         tracker.log_metrics({"test_loss": metrics["test_loss"], "test_accuracy": metrics["test_accuracy"]}, 0)
+        tracker.finish(status=None, spill_dir=Path(out_file).parent)  # or raises UnsentMetrics naming the file
         tracker.log_artifact(out_file, "eval")
-        tracker.flush()
     return {**metrics, "run_id": run_info.get("run_id")}

@@ -28,7 +28,7 @@ from scalelab.runtime.device import setup_process
 from scalelab.runtime.io import atomic_write_bytes, atomic_write_json
 from scalelab.runtime.paths import repo_root
 from scalelab.runtime.signals import StopFlag
-from scalelab.tracking import MlflowTracker, NullTracker, Tracker, provenance, sysmetrics
+from scalelab.tracking import MlflowTracker, NullTracker, Tracker, UnsentMetrics, provenance, sysmetrics
 from scalelab.training import profiling, strategy, workloads
 from scalelab.training.checkpoint import Checkpointer, checkpoint_state, fingerprint, restore
 from scalelab.training.evaluation import evaluate
@@ -40,6 +40,7 @@ from scalelab.training.plan import METRICS_FILE, MODEL_FILE, RUN_FILE, RunPlan
 log = logging.getLogger(__name__)
 PENDING_KEY = "pending_metrics"  # checkpoint entry: metrics not yet confirmed stored in MLflow
 WINDOW_KEY = "meter_window"  # checkpoint entry: every rank's open logging window (training.meter)
+RUN_MEANS = {"samples_per_s": "mean_samples_per_s", "step_time_ms": "mean_step_time_ms"}  # MLflow keys, whole run
 
 
 class NonFiniteLossError(RuntimeError):
@@ -89,7 +90,7 @@ def open_tracker(
                     tracker.set_tags(provenance.launcher_info())
                     tracker.skip_stored()
             except BaseException:
-                tracker.finish("FAILED")  # the run exists: it must not stay RUNNING
+                close(tracker, "FAILED", ckpt.folder.parent)  # the run exists: it must not stay RUNNING
                 raise
         else:
             ckpt.record(None)
@@ -140,11 +141,20 @@ def run(
         summary = _train(params, plan, env, device, manifest, data_dir, out, ckpt, tracker, stop)
     except BaseException as exc:
         monitor.stop()
-        tracker.finish("KILLED" if isinstance(exc, (SystemExit, KeyboardInterrupt)) else "FAILED")
+        close(tracker, "KILLED" if isinstance(exc, (SystemExit, KeyboardInterrupt)) else "FAILED", out)
         raise
     monitor.stop()
-    tracker.finish("FINISHED" if not summary.get("preempted") else "KILLED")
+    tracker.finish("FINISHED" if not summary.get("preempted") else "KILLED", spill_dir=out)
     return summary
+
+
+def close(tracker: Tracker, status: str, out: Path) -> None:
+    """Ends the run of a failing job: metrics the store will not take go to a file, named in a
+    log line, and the job's own error is the one raised."""
+    try:
+        tracker.finish(status, spill_dir=out)
+    except UnsentMetrics as exc:
+        log.error("%s", exc)
 
 
 def _train(
@@ -294,7 +304,8 @@ def _write_outputs(
         out / RUN_FILE,
         {"run_id": tracker.run_id, "experiment": params.tracking.experiment, "rank_weight_sha256": digests},
     )
-    tracker.log_metrics(metrics, summary["step"])
+    # the whole run's means get their own keys: step `total` also holds the last window's figures
+    tracker.log_metrics({RUN_MEANS.get(k, k): v for k, v in metrics.items()}, summary["step"])
     tracker.set_tags({"weights.sha256": digests[0], "weights.ranks_in_sync": str(len(set(digests)) == 1).lower()})
     tracker.log_artifact(out / METRICS_FILE)
     if params.train.profile.enabled:

@@ -26,6 +26,7 @@ from scalelab.data.store import verify
 from scalelab.launch import slurm
 from scalelab.runtime.io import atomic_write_json
 from scalelab.tracking import MlflowTracker, tracking_uri
+from scalelab.training.job import RUN_MEANS
 from scalelab.training.submit import TrainJob, resolve
 
 ROOT = Path("results/sweeps")
@@ -144,7 +145,7 @@ def _row(client: Any, element: dict[str, Any]) -> dict[str, Any]:
     }
     if state == "COMPLETED" and (Path(element["out"]) / "run.json").is_file():
         metrics = client.get_run(element["run_id"]).data.metrics
-        row.update(status="finished", **{k: metrics.get(k) for k in METRICS}, error="")
+        row.update(status="finished", **{k: metrics.get(RUN_MEANS.get(k, k)) for k in METRICS}, error="")
     elif state in ENDED:
         row.update(status="failed", error=slurm.error_line(job))
         if client.get_run(element["run_id"]).info.status in ("SCHEDULED", "RUNNING"):
