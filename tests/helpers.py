@@ -95,3 +95,21 @@ def record_reliability(section: str, figures: dict[str, Any]) -> None:
     data.setdefault(section, {}).update(figures)
     RELIABILITY.parent.mkdir(parents=True, exist_ok=True)
     RELIABILITY.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+TIMING_METRICS = {"step_time_ms", "samples_per_s"}  # wall-clock figures: the only ones a restart may change
+
+
+def histories(run_id: str, uri: str | None = None) -> dict[str, list[tuple[int, float]]]:
+    """Every non-timing metric of a run (not step_time_ms, samples_per_s, system/*) as
+    [(step, value)] in step order, read from `uri` (default: this process's tracking URI)."""
+    from mlflow import MlflowClient
+
+    if uri is None:
+        from scalelab.tracking.tracker import tracking_uri
+
+        uri = tracking_uri()
+    client = MlflowClient(uri)
+    keys = client.get_run(run_id).data.metrics
+    keys = sorted(k for k in keys if k not in TIMING_METRICS and not k.startswith("system/"))
+    return {k: sorted((m.step, m.value) for m in client.get_metric_history(run_id, k)) for k in keys}

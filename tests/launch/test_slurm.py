@@ -10,14 +10,15 @@ import torch
 import yaml
 from mlflow import MlflowClient
 
-from helpers import BIN, run_cli, tiny_params, write_params
+from helpers import BIN, histories, run_cli, tiny_params, write_params
+from scalelab.training.plan import read_resolved
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 TWO_NODES = {"launcher": "slurm", "num_nodes": 2, "nproc_per_node": 1}
 
 
 def sacct_states(job_id: str, env: dict, want: str, timeout_s: float = 60) -> dict[str, tuple[str, str]]:
-    """{step: (state, nodelist)} once the job's own line reads `want` (accounting lags a little)."""
+    """{step: (state, nodelist)} once the job's own state starts with `want` (accounting lags a little)."""
     deadline = time.time() + timeout_s
     while True:
         out = subprocess.run(
@@ -27,7 +28,7 @@ def sacct_states(job_id: str, env: dict, want: str, timeout_s: float = 60) -> di
             text=True,
         ).stdout
         rows = {r.split("|")[0]: tuple(r.split("|")[1:]) for r in out.strip().splitlines()}
-        if rows.get(job_id, ("",))[0] == want or time.time() > deadline:
+        if rows.get(job_id, ("",))[0].startswith(want) or time.time() > deadline:
             return rows
         time.sleep(1)
 
@@ -68,22 +69,38 @@ def test_dvc_repro_on_two_slurm_nodes_matches_local_torchrun(repo_copy, slurm_cl
     assert all(torch.equal(slurm_w[k], local_w[k]) for k in local_w)
 
 
+def launch_train(workdir, prepared_digits, env, **popen) -> subprocess.Popen:
+    """`scalelab train --data PREPARED --out out` in `workdir` (params.yaml there), in the background."""
+    cmd = [str(BIN / "scalelab"), "train", "--data", str(prepared_digits), "--out", "out"]
+    return subprocess.Popen(cmd, cwd=workdir, env=env, text=True, **popen)
+
+
+def wait_for(what: str, ready, proc: subprocess.Popen, timeout_s: float = 180, poll_s: float = 0.05):
+    """ready()'s first truthy value; fails naming `what` if `proc` ends or `timeout_s` passes first."""
+    deadline = time.time() + timeout_s
+    while not (got := ready()):
+        assert proc.poll() is None, f"scalelab train exited {proc.returncode} before {what}"
+        assert time.time() < deadline, f"no {what} within {timeout_s} s"
+        time.sleep(poll_s)
+    return got
+
+
+def json_key(path, key: str):
+    """`key` of the JSON file `path` (written atomically), or None while there is no file."""
+    return json.loads(path.read_text()).get(key) if path.is_file() else None
+
+
 def test_preemption_checkpoints_requeues_and_resumes_into_the_same_run(workdir, prepared_digits, slurm_cluster):
+    # USR2 goes out as soon as step 50's checkpoint is on disk, so the stop lands at 51..74, inside
+    # an open logging window (log every 25), unless the signal takes 24+ steps to arrive (steps take
+    # ~5 ms; the stop step is printed). Every checkpoint is kept: the one off the 50s is the stop.
     (workdir / "slurm").symlink_to(BIN.parents[1] / "slurm")  # the cluster profiles
-    sections = {"train": {"epochs": 40, "checkpoint_every_steps": 50, **TWO_NODES}, "slurm": {"poll_interval_s": 1.0}}
-    write_params(workdir / "params.yaml", tiny_params(**sections))
+    train = {"epochs": 40, "log_every_steps": 25, "checkpoint_every_steps": 50, "keep_checkpoints": 100}
+    write_params(workdir / "params.yaml", tiny_params(train={**train, **TWO_NODES}, slurm={"poll_interval_s": 1.0}))
     env = {**os.environ, **slurm_cluster, "PATH": f"{BIN}:{os.environ['PATH']}"}
-    proc = subprocess.Popen(
-        [str(BIN / "scalelab"), "train", "--data", str(prepared_digits), "--out", "out"],
-        cwd=workdir,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    ckpts, deadline = workdir / "out/checkpoints", time.time() + 180
-    while not list(ckpts.glob("step-*.pt")) and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.2)
+    proc = launch_train(workdir, prepared_digits, env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    ckpts = workdir / "out/checkpoints"
+    wait_for("first checkpoint", lambda: list(ckpts.glob("step-*.pt")), proc)
     job_id = json.loads((workdir / "out/slurm.json").read_text())["job_id"]
     run_id = json.loads((ckpts / "job.json").read_text())["run_id"]
     subprocess.run(["scancel", "--signal=USR2", job_id], env=env, check=True)
@@ -96,18 +113,71 @@ def test_preemption_checkpoints_requeues_and_resumes_into_the_same_run(workdir, 
     ).stdout
     assert "REQUEUED" in history or "PREEMPTED" in history, history
     assert json.loads((workdir / "out/run.json").read_text())["run_id"] == run_id
-    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    uri = f"sqlite:///{workdir / 'mlflow.db'}"
+    client = MlflowClient(uri)
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
     assert run.data.tags["launch.slurm_restart_count"] == "1"
-    steps = [m.step for m in client.get_metric_history(run_id, "train_loss")]
-    assert steps == sorted(set(range(5, steps[-1], 5)) | {steps[-1]}), steps
     assert len(client.search_runs([run.info.experiment_id])) == 1
 
-    write_params(workdir / "local.yaml", tiny_params(train={"epochs": 40}, tracking={"enabled": False}))
-    run_cli("train", "--params", "local.yaml", "--data", str(prepared_digits), "--out", "ref", cwd=workdir)
+    _, plan = read_resolved(workdir / "out/resolved.json")
+    total, per_epoch, every = plan.total_steps, plan.steps_per_epoch, train["log_every_steps"]
+    saved = sorted(int(p.stem.removeprefix("step-")) for p in ckpts.glob("step-*.pt"))
+    stops = sorted(set(saved) - {*range(50, total + 1, 50), total})
+    assert len(stops) <= 1 and all(50 < s < total for s in stops), saved
+    where = f"step {stops[0]}, {stops[0] % every} steps into a logging window" if stops else "a multiple of 50"
+    print(f"preempted at {where} (log every {every}, {total} steps)")
+
+    have = histories(run_id, uri)
+    assert set(have) == {"train_loss", "val_loss", "val_accuracy", "ranks_in_sync"}, sorted(have)
+    steps = {key: [s for s, _ in rows] for key, rows in have.items()}  # sorted: a step twice shows up twice
+    assert steps["train_loss"] == sorted({*range(every, total + 1, every), total}), steps["train_loss"]
+    assert steps["val_loss"] == steps["val_accuracy"] == list(range(per_epoch, total + 1, per_epoch)), steps
+    assert steps["ranks_in_sync"] == [total], steps
+
+    # the same job, uninterrupted, on this machine (2 ranks under torchrun), tracked in its own store
+    ref_params = tiny_params(train={**train, "num_nodes": 1, "nproc_per_node": 2})
+    write_params(workdir / "local.yaml", ref_params)
+    ref_uri = f"sqlite:///{workdir / 'ref.db'}"
+    ref_env = {"MLFLOW_TRACKING_URI": ref_uri}
+    run_cli("train", "--params", "local.yaml", "--data", str(prepared_digits), "--out", "ref", cwd=workdir, env=ref_env)
+    ref_run = json.loads((workdir / "ref/run.json").read_text())["run_id"]
+    assert have == histories(ref_run, ref_uri)  # every step and value, bit for bit
     got, ref = weights(workdir / "out/model.pt"), weights(workdir / "ref/model.pt")
     assert all(torch.equal(got[k], ref[k]) for k in ref)
+
+
+def test_scancel_of_a_train_job_says_cancelled_and_closes_the_run(workdir, prepared_digits, slurm_cluster):
+    (workdir / "slurm").symlink_to(BIN.parents[1] / "slurm")  # the cluster profiles
+    train = {"epochs": 5000, "checkpoint_every_steps": 1000, **TWO_NODES}  # ~95k steps: minutes of work
+    write_params(workdir / "params.yaml", tiny_params(train=train, slurm={"poll_interval_s": 0.5}))
+    env = {**os.environ, **slurm_cluster, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    with open(workdir / "train.out", "w") as out, open(workdir / "train.err", "w") as err:
+        proc = launch_train(workdir, prepared_digits, env, stdout=out, stderr=err)
+    job_id = None
+    try:
+        job_id = wait_for("a job id", lambda: json_key(workdir / "out/slurm.json", "job_id"), proc)
+        run_id = wait_for("an MLflow run", lambda: json_key(workdir / "out/checkpoints/job.json", "run_id"), proc)
+        squeue = ["squeue", "-h", "-j", job_id, "-o", "%T"]
+        state = subprocess.run(squeue, env=env, capture_output=True, text=True).stdout.strip()
+        assert state == "RUNNING", state
+        client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+        assert client.get_run(run_id).info.status == "RUNNING"
+        subprocess.run(["scancel", job_id], env=env, check=True)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:  # a failed assertion: leave no job behind
+            proc.kill()
+            if job_id:
+                subprocess.run(["scancel", job_id], env=env)
+    stderr = (workdir / "train.err").read_text()
+    assert proc.returncode == 1, stderr[-3000:]  # 1: a failed job (scalelab.cli)
+    errors = [ln for ln in stderr.splitlines() if ln.startswith("scalelab train: error:")]
+    assert len(errors) == 1, stderr[-3000:]
+    said = errors[0].split("; logs: ")[0]  # not the log path, which holds the test's folder name
+    assert "cancelled" in said and f"SLURM job {job_id} " in said, errors
+    assert client.get_run(run_id).info.status in ("KILLED", "FAILED")
+    assert sacct_states(job_id, env, "CANCELLED")[job_id][0].startswith("CANCELLED")
 
 
 def test_speedup_study_cells_run_as_slurm_jobs_across_two_nodes(workdir, slurm_cluster):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from helpers import tiny_params, train_here, write_params
+from helpers import histories, tiny_params, train_here, write_params
 from scalelab.config import load_params
 from scalelab.runtime.signals import StopFlag
 
@@ -46,20 +46,6 @@ class CrashAtCheck(StopAtCheck):
         if super().everywhere(device):
             raise RuntimeError(f"injected crash at step {self.k}")
         return False
-
-
-TIMING = {"step_time_ms", "samples_per_s"}  # wall-clock figures: the only ones a restart may change
-
-
-def histories(run_id: str) -> dict[str, list[tuple[int, float]]]:
-    """Every non-timing metric of a run as [(step, value)], in step order."""
-    from mlflow import MlflowClient
-
-    from scalelab.tracking.tracker import tracking_uri
-
-    client = MlflowClient(tracking_uri())
-    keys = sorted(k for k in client.get_run(run_id).data.metrics if k not in TIMING and not k.startswith("system/"))
-    return {k: sorted((m.step, m.value) for m in client.get_metric_history(run_id, k)) for k in keys}
 
 
 @pytest.mark.parametrize("fault", ["stop", "crash"])
