@@ -1,0 +1,30 @@
+"""A rank never outlives its launcher: a torchrun worker whose torchrun is gone stops itself.
+
+torchrun starts each worker in a session of its own, so a signal to the launcher's process group
+(a CI timeout, `kill -9 -- -PGID` on `dvc repro`, the OOM killer) does not reach the ranks. Left
+alone they would train on with no launcher holding the output folder's lock (runtime.lock),
+write checkpoints and outputs DVC never records, and race the rerun in the same folder.
+`exit_with_parent()` watches the parent process; once the worker is reparented (its parent
+died), it sends itself SIGTERM, which `raise_on_sigterm` turns into a KILLED run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+
+def exit_with_parent(interval_s: float = 0.5) -> threading.Thread:
+    """Starts a daemon thread that sends this process SIGTERM once its parent has died."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=watch, name="scalelab-lifeline", daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,99 @@
+"""`scalelab reproduce` of a preempted run: SIGTERM to `dvc repro` during train (a scheduler's
+preemption), the rerun resumes into the same MLflow run, and one uninterrupted reproduction matches
+its every param, metric step and the final weights."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import psutil
+import pytest
+from mlflow import MlflowClient
+
+from helpers import BIN, record_reliability, run_cli, tiny_params, training_pipeline
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+# the SIGTERM lands a few steps after the first checkpoint (7), long before the first logging step
+# (100): the resume restores a half-filled logging window that no earlier try has logged
+EPOCHS, LOG_EVERY, CHECKPOINT_EVERY = 20, 100, 7
+TOTAL = EPOCHS * 19  # digits: 19 global batches of 64 per epoch
+
+
+def wait_for(predicate, timeout_s, what):
+    deadline = time.time() + timeout_s
+    while not predicate():
+        if time.time() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def checkpoint_steps(repo):
+    return sorted(int(p.stem.split("-")[1]) for p in (repo / "results/train/checkpoints").glob("step-*.pt"))
+
+
+def train_runs(client):
+    exp = client.get_experiment_by_name("scalelab")
+    return client.search_runs([exp.experiment_id], "tags.`scalelab.kind` = 'train'")
+
+
+def test_reproduce_of_a_preempted_run_matches(repo_copy):
+    train = {"epochs": EPOCHS, "log_every_steps": LOG_EVERY, "checkpoint_every_steps": CHECKPOINT_EVERY}
+    training_pipeline(repo_copy, tiny_params(train=train, tracking={"system_metrics_interval_s": 0}), commit=True)
+    log_path = repo_copy.parent / "preempted.log"
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [str(BIN / "dvc"), "repro"], cwd=repo_copy, env=env, stdout=log, stderr=log, start_new_session=True
+        )
+    procs = []
+    try:
+        wait_for(lambda: checkpoint_steps(repo_copy) or proc.poll() is not None, 300, "a checkpoint")
+        assert proc.poll() is None, log_path.read_text()[-3000:]
+        procs = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        os.killpg(proc.pid, signal.SIGTERM)  # dvc, scalelab train and torchrun; torchrun stops the ranks
+        proc.wait(timeout=60)
+        wait_for(lambda: not any(p.is_running() for p in procs), 120, "every process of the pipeline to end")
+    finally:
+        for p in procs:
+            if p.is_running():
+                p.kill()
+    resumed = checkpoint_steps(repo_copy)[-1]
+    assert 0 < resumed < TOTAL, (resumed, log_path.read_text()[-3000:])
+    assert resumed % LOG_EVERY != 0, resumed
+
+    client = MlflowClient(f"sqlite:///{repo_copy / 'mlflow.db'}")
+    (run,) = train_runs(client)
+    assert run.info.status in ("KILLED", "FAILED"), log_path.read_text()[-3000:]
+    logged = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
+    assert not logged, f"the SIGTERM came after step {logged[-1]}: no open logging window is resumed"
+
+    out = run_cli("dvc", "repro", cwd=repo_copy, timeout=900)
+    text = out.stdout + out.stderr
+    assert "Running stage 'train'" in text and "Running stage 'evaluate'" in text, text[-3000:]
+    assert f"| {resumed}/{TOTAL} [" in text, text[-3000:]  # the progress bar starts at the checkpoint
+    (after,) = train_runs(client)  # resumed into the same run, no second one
+    assert after.info.run_id == run.info.run_id and after.info.status == "FINISHED"
+    assert json.loads((repo_copy / "results/train/run.json").read_text())["run_id"] == run.info.run_id
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
+    assert sorted(steps) == [*range(LOG_EVERY, TOTAL, LOG_EVERY), TOTAL], steps  # each step once, and the last
+
+    # no --yes: the run's only recorded diff is the untracked dvc.lock, which is not code
+    rep = run_cli("reproduce", run.info.run_id, cwd=repo_copy, check=False, timeout=900)
+    print(rep.stdout)  # the table, shown with `pytest -rP`
+    assert rep.returncode == 0 and "RESULT: match" in rep.stdout, rep.stdout + rep.stderr[-3000:]
+    rows = {line.split("  ")[0]: line for line in rep.stdout.splitlines()}
+    for metric in ("train_loss", "val_loss", "val_accuracy", "test_accuracy", "ranks_in_sync"):
+        row = next(v for k, v in rows.items() if k.startswith(f"metric {metric} "))
+        assert row.endswith("match"), row
+    assert rows["weights sha256"].endswith("match"), rows["weights sha256"]
+    record_reliability(
+        "preempted_reproduce",
+        {
+            "resumed_from_step": resumed,
+            "log_every_steps": LOG_EVERY,
+            "reproduce_matched": True,
+        },
+    )
