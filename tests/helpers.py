@@ -97,7 +97,8 @@ def record_reliability(section: str, figures: dict[str, Any]) -> None:
     RELIABILITY.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-TIMING_METRICS = {"step_time_ms", "samples_per_s"}  # wall-clock figures: the only ones a restart may change
+# wall-clock figures: the only ones a restart may change
+TIMING_METRICS = {"step_time_ms", "samples_per_s", "mean_step_time_ms", "mean_samples_per_s"}
 
 
 def histories(run_id: str, uri: str | None = None) -> dict[str, list[tuple[int, float]]]:

@@ -14,6 +14,7 @@ SLURM alike. By hand, on 2 CPU processes, after a `scalelab train` has written i
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import time
@@ -29,8 +30,11 @@ from scalelab.runtime.io import atomic_write_json
 from scalelab.runtime.lock import FolderLock
 from scalelab.runtime.signals import StopFlag, raise_on_sigterm
 from scalelab.tracking import tracking_uri
+from scalelab.tracking.secrets import mask_uri
 from scalelab.training import evaluation, job, lifeline, workloads
 from scalelab.training.plan import RunPlan, read_resolved, write_resolved
+
+log = logging.getLogger(__name__)
 
 
 def plan_job(params: Params, data_dir: str | Path) -> RunPlan:
@@ -101,8 +105,11 @@ def close_run(params: Params, out_dir: str | Path, status: str) -> str | None:
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri())
-    if client.get_run(run_id).info.status == "RUNNING":
-        client.set_terminated(run_id, status=status)
+    try:
+        if client.get_run(run_id).info.status == "RUNNING":
+            client.set_terminated(run_id, status=status)
+    except Exception as exc:  # the store is down: say so, and let the job's own error through
+        log.error("could not set run %s to %s in %s: %s", run_id, status, mask_uri(tracking_uri()), mask_uri(str(exc)))
     return run_id
 
 
