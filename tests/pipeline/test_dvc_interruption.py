@@ -7,7 +7,7 @@ not "Unable to acquire lock" (that one is for the repository lock, held between 
 SIGKILL leaves its pid in .dvc/tmp/rwlock; the next `dvc repro` sees the pid is gone and drops it.
 
 torchrun starts each rank in a session of its own: a signal to dvc's process group does not reach
-the ranks. They notice that torchrun is gone and stop (scalelab.training.lifeline), so nothing of
+the ranks. They notice that torchrun is gone and stop (scalelab.runtime.lifeline), so nothing of
 a killed pipeline trains on into the folder the rerun uses.
 """
 

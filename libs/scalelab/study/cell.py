@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from scalelab.config import SpeedupConfig, build
-from scalelab.runtime import dist, seeds
+from scalelab.runtime import dist, lifeline, seeds
 from scalelab.runtime.device import setup_process
 from scalelab.runtime.io import atomic_write_json
 from scalelab.training import workloads
@@ -123,6 +123,7 @@ def measure(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(kind: str, spec_path: str | Path, out_path: str | Path) -> None:
+    lifeline.exit_with_torchrun()
     spec = json.loads(Path(spec_path).read_text())
     result = measure(kind, spec)
     if result.pop("is_main"):

@@ -26,12 +26,13 @@ from scalelab.data.store import verify
 from scalelab.launch import slurm
 from scalelab.launch.local import LaunchError, run_torchrun, worker_env
 from scalelab.launch.shape import check_shape, local_capacity, train_shape
+from scalelab.runtime import lifeline
 from scalelab.runtime.io import atomic_write_json
 from scalelab.runtime.lock import FolderLock
 from scalelab.runtime.signals import StopFlag, raise_on_sigterm
 from scalelab.tracking import tracking_uri
 from scalelab.tracking.secrets import mask_uri
-from scalelab.training import evaluation, job, lifeline, workloads
+from scalelab.training import evaluation, job, workloads
 from scalelab.training.plan import RunPlan, read_resolved, write_resolved
 
 log = logging.getLogger(__name__)
@@ -116,8 +117,7 @@ def close_run(params: Params, out_dir: str | Path, status: str) -> str | None:
 def run_worker(resolved: str | Path, data_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
     """One rank of a local job (or the whole job for single and dp): SIGTERM ends the run KILLED."""
     raise_on_sigterm()
-    if os.environ.get("TORCHELASTIC_RUN_ID"):  # a torchrun rank: stop when torchrun is gone
-        lifeline.exit_with_parent()
+    lifeline.exit_with_torchrun()
     params, plan = read_resolved(resolved)
     return job.run(params, plan, data_dir, out_dir)
 
