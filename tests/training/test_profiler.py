@@ -7,7 +7,6 @@ import pytest
 from mlflow import MlflowClient
 
 from helpers import run_cli, tiny_params, write_params
-from scalelab.training import profiling
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +28,8 @@ def test_every_rank_trace_is_logged_loads_and_has_its_size(workdir, prepared_dig
     client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
     run = client.search_runs([client.get_experiment_by_name("scalelab").experiment_id])[0]
     sizes = {a.path: a.file_size for a in client.list_artifacts(run.info.run_id, "profile")}
-    assert set(sizes) == {f"profile/{name}" for rank in (0, 1) for name in profiling.rank_files(rank)}
+    per_rank = ("trace-rank{}.json.gz", "key_averages-rank{}.txt", "key_averages-rank{}.csv")
+    assert set(sizes) == {f"profile/{name.format(rank)}" for rank in (0, 1) for name in per_rank}
     for rank in (0, 1):
         path = client.download_artifacts(run.info.run_id, f"profile/trace-rank{rank}.json.gz", str(tmp_path))
         with gzip.open(path, "rt") as fh:
