@@ -200,10 +200,21 @@ class MlflowTracker(Tracker):
 
     def finish(self, status: str | None = "FINISHED", spill_dir: str | Path | None = None) -> None:
         """Stores what is buffered (waiting at most ~FINISH_WAIT_S in all), then sets the status
-        (None: leaves it). Metrics the store did not take, and a status it could not set, are
-        written to `<spill_dir>/unsent-metrics-<run>.json` (default: this folder) and
-        `UnsentMetrics` names that file (scalelab.tracking.unsent): nothing is dropped."""
-        deadline = time.monotonic() + FINISH_WAIT_S
+        (None: leaves it). Metrics the store did not take, a status it could not set, and tags and
+        artifacts it refused are written to `<spill_dir>/unsent-metrics-<run>.json` (default: this
+        folder) and `UnsentMetrics` names that file (scalelab.tracking.unsent): nothing is dropped."""
+        self._store_buffered(deadline=time.monotonic() + FINISH_WAIT_S)
+        unset = status
+        if not self._metrics:  # the store answers (else spill at once, within FINISH_WAIT_S)
+            self._resend_refused()
+            unset = None if status is None or self._set_status(status) else status
+        if self._metrics or unset or self._unsent_tags or self._unsent_files:
+            left = unsent.Unsent(self._metrics, unset, self._unsent_tags, self._unsent_files)
+            self._metrics, self._unsent_tags, self._unsent_files = [], {}, {}
+            raise unsent.spill(spill_dir or Path.cwd(), self.run_id, self.client.tracking_uri, left)
+
+    def _store_buffered(self, deadline: float) -> None:
+        """Everything logged, stored by the writer or here; what is left stays in `_metrics`."""
         self.flush(wait=True, timeout_s=FINISH_WAIT_S / 2)
         if self._writer is not None:
             self._writer.close(timeout_s=2.0)
@@ -215,26 +226,26 @@ class MlflowTracker(Tracker):
             time.sleep(delay_s)
             if store(self.client, self.run_id, self._metrics, attempts=1):
                 self._metrics = []
-        if self._unsent_tags or self._unsent_files:  # one more try at what the store refused earlier
-            tags, files, self._unsent_tags, self._unsent_files = self._unsent_tags, self._unsent_files, {}, {}
+
+    def _resend_refused(self) -> None:
+        """One more try at the tags and artifacts the store refused during the run."""
+        tags, files, self._unsent_tags, self._unsent_files = self._unsent_tags, self._unsent_files, {}, {}
+        if tags:
             self.set_tags(tags)
-            with tempfile.TemporaryDirectory() as tmp:
-                for name, data in files.items():
-                    (Path(tmp) / name).parent.mkdir(parents=True, exist_ok=True)
-                    (Path(tmp) / name).write_bytes(data)
-                    self.log_artifact(Path(tmp) / name, str(Path(name).parent) if "/" in name else None)
-        unset = None
-        if status is not None:
-            try:
-                self.client.set_terminated(self.run_id, status=status)
-            except Exception as exc:
-                log.warning("could not set run %s to %s: %s", self.run_id, status, mask_uri(str(exc)))
-                unset = status
-        if self._metrics or unset or self._unsent_tags or self._unsent_files:
-            rows, self._metrics = self._metrics, []
-            left = unsent.Unsent(rows, unset, self._unsent_tags, self._unsent_files)
-            self._unsent_tags, self._unsent_files = {}, {}
-            raise unsent.spill(spill_dir or Path.cwd(), self.run_id, self.client.tracking_uri, left)
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, data in files.items():
+                path = Path(tmp) / name
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+                self.log_artifact(path, str(Path(name).parent) if "/" in name else None)
+
+    def _set_status(self, status: str) -> bool:
+        try:
+            self.client.set_terminated(self.run_id, status=status)
+            return True
+        except Exception as exc:
+            log.warning("could not set run %s to %s: %s", self.run_id, status, mask_uri(str(exc))[:300])
+            return False
 
 
 def experiment_id(client: Any, name: str) -> str:
