@@ -207,3 +207,43 @@ def test_speedup_study_cells_run_as_slurm_jobs_across_two_nodes(workdir, slurm_c
     assert frame.loc["ddp-n2-w2", "nodes"] == 2 and frame.loc["ddp-n2-w2", "world_size"] == 2
     assert frame.loc["ddp-n2-w2", "predicted_efficiency"] > 0  # the all-reduce ran on SLURM too
     assert "DDP, 2 processes on 2 nodes" in (workdir / "results/speedup/speedup.md").read_text()
+
+
+def test_a_job_past_its_time_limit_ends_its_run_killed_not_running(workdir, prepared_digits, slurm_cluster):
+    # What happens here: USR2 comes ~30 s in (signal_delay_s before the 1 min limit); every rank
+    # stops at a step boundary and checkpoints; submitit finds the job timed out with no requeue left
+    # (max_timeouts 0), so rank 0 raises; rank 1 waits; slurmctld ends the job at its next time-limit
+    # check (60-90 s in). ~95k steps of work (minutes) cannot finish before that.
+    profile = yaml.safe_load((BIN.parents[1] / "slurm/profiles/local.yaml").read_text())
+    (workdir / "slurm/profiles").mkdir(parents=True)
+    write_params(workdir / "slurm/profiles/short.yaml", {**profile, "time_limit_min": 1, "signal_delay_s": 30})
+    train = {"epochs": 5000, "checkpoint_every_steps": 1000, **TWO_NODES}  # est. 20 s a checkpoint < 60 - 30 s
+    slurm = {"profile": "short", "max_timeouts": 0, "est_step_time_s": 0.02, "poll_interval_s": 0.5}
+    write_params(workdir / "params.yaml", tiny_params(train=train, slurm=slurm))
+    env = {**os.environ, **slurm_cluster, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    with open(workdir / "train.out", "w") as out, open(workdir / "train.err", "w") as err:
+        proc = launch_train(workdir, prepared_digits, env, stdout=out, stderr=err)
+    job_id = None
+    try:
+        job_id = wait_for("a job id", lambda: json_key(workdir / "out/slurm.json", "job_id"), proc)
+        run_id = wait_for("an MLflow run", lambda: json_key(workdir / "out/checkpoints/job.json", "run_id"), proc)
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:  # a failed assertion: leave no job behind
+            proc.kill()
+            if job_id:
+                subprocess.run(["scancel", job_id], env=env)
+    stderr = (workdir / "train.err").read_text()
+    assert proc.returncode == 1, stderr[-3000:]  # 1: a failed job (scalelab.cli)
+    errors = [ln for ln in stderr.splitlines() if ln.startswith("scalelab train: error:")]
+    assert len(errors) == 1, stderr[-3000:]
+    said = errors[0].split("; logs: ")[0]  # not the log path, which holds the test's folder name
+    assert f"SLURM job {job_id} hit its 1 min time limit" in said and "slurm.max_timeouts = 0" in said, errors
+    assert sacct_states(job_id, env, "TIMEOUT")[job_id][0] == "TIMEOUT"
+    history = subprocess.run(
+        ["sacct", "-D", "-j", job_id, "-X", "-n", "-P", "-o", "JobID,State"], env=env, capture_output=True, text=True
+    ).stdout
+    assert "REQUEUED" not in history and "PREEMPTED" not in history, history  # no requeue was left
+    run = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}").get_run(run_id)
+    assert run.info.status == "KILLED", run.info.status  # never RUNNING
+    assert list((workdir / "out/checkpoints").glob("step-*.pt")), "no checkpoint for a rerun to resume from"

@@ -144,6 +144,11 @@ def run_slurm(
         cancelled = state.startswith("CANCELLED")
         close_run(params, out_dir, "KILLED" if cancelled or state == "TIMEOUT" else "FAILED")
         why = "was cancelled (scancel or the scheduler)" if cancelled else f"failed ({state})"
+        if state == "TIMEOUT":  # past its limit with no requeue left (or none that could be made)
+            why = (
+                f"hit its {profile.time_limit_min} min time limit and was not requeued "
+                f"(slurm.max_timeouts = {params.slurm.max_timeouts})"
+            )
         detail = "" if cancelled else f": {slurm.error_line(submitted)}"
         raise LaunchError(f"SLURM job {submitted.job_id} {why}{detail}; logs: {submitted.paths.stderr}") from None
 
