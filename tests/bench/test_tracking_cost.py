@@ -2,6 +2,7 @@
 
 import json
 
+from scalelab.bench import stats, stopflag_cost
 from scalelab.cli import main
 
 TINY = [
@@ -23,19 +24,24 @@ TINY = [
     "8",
     "--target-step-ms",
     "0",
+    "--default-log-every",
+    "3",
+    "--stop-procs",
+    "0",
 ]
+ARMS = ("off", "batched", "off_default", "batched_default", "sync")
 
 
-def test_tracking_benchmark_writes_its_figures_and_method(workdir, capsys):
+def test_tracking_benchmark_writes_its_figures_method_and_summary_lines(workdir, capsys):
     assert main(["bench", "tracking", "--out", str(workdir / "bench"), *TINY]) == 0
     assert "tracking overhead:" in capsys.readouterr().out
     result = json.loads((workdir / "bench/tracking_overhead.json").read_text())
     assert result["benchmark"] == "tracking_overhead" and "interleaved" in result["method"]
-    for arm in ("off", "batched", "sync"):
+    for arm in ARMS:
         assert result["median_step_ms"][arm] > 0 and result["mean_step_ms"][arm] > 0
         assert len(result["repeat_median_step_ms"][arm]) == 2
     assert len(result["repeat_overhead_ratios"]) == 2
-    assert result["steps_per_repeat"] == {"off": 12, "batched": 12, "sync": 3}
+    assert result["steps_per_repeat"] == {"off": 12, "batched": 12, "off_default": 12, "batched_default": 12, "sync": 3}
     for key in (
         "overhead_ratio",
         "amortized_overhead_ratio",
@@ -44,9 +50,32 @@ def test_tracking_benchmark_writes_its_figures_and_method(workdir, capsys):
         "writer_cpu_ms_per_step",
         "writer_start_s",
         "batched_drain_ms_median",
+        "in_thread_fraction_log_every_1",
     ):
         assert isinstance(result[key], float) and result[key] >= 0, key
     assert result["overhead_pct"] == (result["overhead_ratio"] - 1) * 100
     assert result["target_overhead_ratio"] == 1.01 and isinstance(result["meets_target"], bool)
     assert result["workload"]["batch_size"] == 8 and result["workload"]["strategy"] == "single"
-    assert not [p for p in (workdir / "bench").iterdir() if p.name != "tracking_overhead.json"]  # store removed
+    assert not [p for p in (workdir / "bench").iterdir() if p.name not in ("tracking_overhead.json", "summary.md")]
+    # in-thread CPU, the A/B at both cadences with intervals, the StopFlag block, summary lines
+    it = result["in_thread"]["batched"]
+    assert len(it["repeat_mean_us_per_step"]) == 2 and it["mean_us_per_step"] > 0  # log_metrics always costs some CPU
+    assert it["fraction_of_off_step"] == it["mean_us_per_step"] / (1000 * result["median_step_ms"]["off"])
+    assert result["default_log_every_steps"] == 3
+    for cadence in ("log_every_1", "log_every_default"):
+        low, high = result["ab"][cadence]["ci95"]
+        assert low <= result["ab"][cadence]["median_ratio"] <= high and len(result["ab"][cadence]["repeat_ratios"]) == 2
+    assert set(result["writer_cpu_ms_per_step_by_arm"]) == {"batched", "batched_default"}
+    assert result["stop_flag"] is None  # --stop-procs 0; measured in the test below
+    lines = stats.read_summary(workdir / "bench")
+    assert set(lines) == {"tracking_in_thread", "tracking_ab_every_step", "tracking_ab_default"}
+    assert lines["tracking_in_thread"].endswith(": met" if result["meets_in_thread_target"] else ": not met")
+
+
+def test_stop_flag_cost_runs_two_gloo_ranks_and_reports_its_fraction(tmp_path):
+    sf = stopflag_cost.measure(procs=2, steps=5, repeats=2, batch=4, hidden=[16], work=tmp_path)
+    assert sf["processes"] == 2 and sf["call_us_median"] > 0 and isinstance(sf["shows"], bool)
+    assert [len(r) for r in sf["raw_times_s"]["stop_flag"]] == [5, 5] and len(sf["raw_times_s"]["plain"]) == 2
+    low, high = sf["ab_ratio"]["ci95"]
+    assert low <= sf["ab_ratio"]["median_ratio"] <= high
+    assert sf["cost_fraction_of_step"] == sf["ab_ratio"]["median_ratio"] - 1 and sf["note"]

@@ -11,10 +11,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from scalelab.bench import tracking_cost
+from scalelab.bench import scaling, startup, tracking_cost
 
 # name -> module with add_arguments(parser), run(args, out_dir) -> dict and headline(result, out) -> str
-BENCHMARKS = {"tracking": tracking_cost}
+BENCHMARKS = {"tracking": tracking_cost, "startup": startup, "scaling": scaling}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

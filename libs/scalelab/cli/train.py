@@ -13,12 +13,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from scalelab.runtime.timings import mark
+
+    mark("launcher_cli")  # python and scalelab.cli are up
     from scalelab.config import ConfigError, load_params
     from scalelab.training.submit import launch
 
+    mark("launcher_imported")
     params = load_params(args.params)
     try:
         launch(params, args.data, args.out)
     except ConfigError as exc:
         raise ConfigError(f"{args.params}: {exc}") from None
+    mark("launcher_done")
     return 0

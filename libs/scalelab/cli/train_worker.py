@@ -13,8 +13,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from scalelab.runtime.timings import mark
+
+    mark("worker_cli")  # this rank's python and scalelab.cli are up
     from scalelab.training.submit import run_worker
 
+    mark("worker_imported")
     summary = run_worker(args.resolved, args.data, args.out)
     if summary.get("samples_per_s") and summary.get("run_id"):  # rank 0 holds the run
         logging.getLogger("scalelab").info(
@@ -23,4 +27,5 @@ def run(args: argparse.Namespace) -> int:
             summary["samples_per_s"],
             summary["step_time_ms"],
         )
+    mark("worker_done")
     return 0

@@ -28,6 +28,7 @@ from scalelab.runtime.device import setup_process
 from scalelab.runtime.io import atomic_write_bytes, atomic_write_json
 from scalelab.runtime.paths import repo_root
 from scalelab.runtime.signals import StopFlag
+from scalelab.runtime.timings import mark
 from scalelab.tracking import MlflowTracker, NullTracker, Tracker, UnsentMetrics, provenance, sysmetrics
 from scalelab.training import profiling, strategy, workloads
 from scalelab.training.checkpoint import Checkpointer, checkpoint_state, fingerprint, restore
@@ -127,24 +128,29 @@ def run(
         deterministic=t.deterministic,
         timeout_s=t.collective_timeout_s,
     )
+    mark("process_group")  # joined: torchrun's rendezvous and init_process_group are done
     out = Path(out_dir)
     manifest = verify(data_dir)
     ckpt = Checkpointer(out / "checkpoints", fingerprint(t, manifest, plan.world_size), keep=t.keep_checkpoints)
     if env.is_main and t.profile.enabled:
         profiling.clear(out / "profile")  # an earlier run's traces must not be logged with this one
     tracker = open_tracker(params, env, ckpt, device, data_dir)
+    mark("run_created")  # the MLflow run with its params, tags and provenance artifacts
     monitor = sysmetrics.NodeMonitor(None)
     try:
         monitor = sysmetrics.start(
             dist.broadcast_object(tracker.run_id), env, params.tracking.system_metrics_interval_s
         )
+        mark("monitor_started")
         summary = _train(params, plan, env, device, manifest, data_dir, out, ckpt, tracker, stop)
     except BaseException as exc:
         monitor.stop()
         close(tracker, "KILLED" if isinstance(exc, (SystemExit, KeyboardInterrupt)) else "FAILED", out)
         raise
     monitor.stop()
+    mark("final_flush")
     tracker.finish("FINISHED" if not summary.get("preempted") else "KILLED", spill_dir=out)
+    mark("finished")
     return summary
 
 
@@ -172,6 +178,7 @@ def _train(
     train = params.train
     x, y = load_split(data_dir, "train")
     val_x, val_y = load_split(data_dir, "val")
+    mark("data_loaded")
     seeds.seed_all(train.seed)  # identical model initialisation on every rank
     wl = workloads.load(
         train.workload, train.model, input_shape=manifest["input_shape"], num_classes=manifest["num_classes"]
@@ -184,6 +191,8 @@ def _train(
     total, per_epoch, accum = plan.total_steps, plan.steps_per_epoch, plan.grad_accum_steps
     meter = Meter(train.warmup_steps + step, plan.global_batch)
     meter.load_window((state or {}).get(WINDOW_KEY, [None] * env.world_size)[env.rank], device)
+    mark("model_built")  # model, optimizer, strategy wrapper and the checkpoint (if any) restored
+    first_step = step + 1
     bar = tqdm(
         total=total,
         initial=step,
@@ -211,6 +220,8 @@ def _train(
             for _ in range(step - epoch * per_epoch, per_epoch):
                 loss = loop.step([next(batches) for _ in range(accum)])
                 step += 1
+                if step == first_step:
+                    mark("first_step")  # this process's first (a resumed job's too)
                 prof.step()
                 meter.add(step, loss)
                 bar.update(1)
@@ -235,6 +246,7 @@ def _train(
                 if stopped:
                     break
     bar.close()
+    mark("last_step")
     summary = {
         "step": step,
         "total_steps": total,
@@ -246,6 +258,7 @@ def _train(
     if env.is_main and not stopped:
         _write_outputs(params, loop, manifest, out, summary, tracker, env)
     dist.barrier()
+    mark("outputs_written")
     return summary
 
 

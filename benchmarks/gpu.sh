@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The GPU benchmark run, ready to go: on one CUDA node (1 or 8 GPUs), in under ~10 minutes,
+#   - the speedup study: single, dp and ddp at 1..all GPUs, in fp32 and in bf16 (`scalelab speedup`);
+#   - the parity benchmark (`scalelab bench parity`: engine step vs a hand-written loop);
+#   - an MFU figure for a small GPT-style workload: not available (experiments/ has none), and
+#     summary.md says so.
+# It writes under --out (default results/bench): gpu/speedup-fp32/, gpu/speedup-bf16/, parity.json,
+# mfu.json and their lines in summary.md.
+#
+#   benchmarks/gpu.sh                     # needs CUDA: exits 2 without it
+#   benchmarks/gpu.sh --dry-run --gpus 8  # prints the commands, runs nothing (works on CPU)
+# Paths (--out, --params) are relative to the repository root.
+set -euo pipefail
+
+usage() {
+    cat <<'USAGE'
+usage: benchmarks/gpu.sh [--dry-run] [--gpus N] [--out DIR] [--params FILE] [--skip-parity]
+  --dry-run      print the commands and exit 0; runs nothing and needs no GPU
+  --gpus N       GPUs to use (default: every visible one; 8 in a dry run without CUDA)
+  --out DIR      output folder (default results/bench)
+  --params FILE  params whose `speedup` section is the workload (default params.yaml)
+  --skip-parity  leave out the parity benchmark
+USAGE
+}
+
+DRY=0 GPUS="" OUT="results/bench" PARAMS="params.yaml" PARITY=1
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --dry-run) DRY=1 ;;
+        --gpus) [[ $# -ge 2 ]] || { echo "gpu.sh: error: --gpus needs a number" >&2; exit 2; }; GPUS="$2"; shift ;;
+        --out) [[ $# -ge 2 ]] || { echo "gpu.sh: error: --out needs a folder" >&2; exit 2; }; OUT="$2"; shift ;;
+        --params) [[ $# -ge 2 ]] || { echo "gpu.sh: error: --params needs a file" >&2; exit 2; }; PARAMS="$2"; shift ;;
+        --skip-parity) PARITY=0 ;;
+        -h|--help) usage; exit 0 ;;
+        *) echo "gpu.sh: error: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
+    esac
+    shift
+done
+if [[ -n "$GPUS" && ! "$GPUS" =~ ^[1-9][0-9]*$ ]]; then
+    echo "gpu.sh: error: --gpus = '$GPUS' is not a positive whole number" >&2
+    exit 2
+fi
+cd "$(dirname "$0")/.."  # paths are relative to the repository root
+[[ -f "$PARAMS" ]] || { echo "gpu.sh: error: --params $PARAMS: no such file" >&2; exit 2; }
+PY="${PYTHON:-.venv/bin/python}"
+[[ -x "$PY" ]] || PY=python3
+
+if [[ -z "$GPUS" || $DRY -eq 0 ]]; then
+    FOUND=$("$PY" -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)")
+    if [[ "$FOUND" -eq 0 && $DRY -eq 0 ]]; then
+        echo "gpu.sh: error: no CUDA device visible (torch.cuda.is_available() is False): this script runs on a GPU node; use --dry-run to see its commands" >&2
+        exit 2
+    fi
+    if [[ -n "$GPUS" && "$FOUND" -gt 0 && "$GPUS" -gt "$FOUND" ]]; then
+        echo "gpu.sh: error: --gpus $GPUS but only $FOUND CUDA device(s) are visible" >&2
+        exit 2
+    fi
+    [[ -n "$GPUS" ]] || GPUS=$(( FOUND > 0 ? FOUND : 8 ))
+fi
+
+# world sizes 1, 2, 4, ... and all GPUs
+SIZES="1"
+for (( n = 2; n < GPUS; n *= 2 )); do SIZES="$SIZES, $n"; done
+(( GPUS > 1 )) && SIZES="$SIZES, $GPUS"
+
+run() {
+    if [[ $DRY -eq 1 ]]; then
+        printf '+'; printf ' %q' "$@"; printf '\n'
+    else
+        echo "+ $*" >&2
+        "$@"
+    fi
+}
+
+# params for one precision: the speedup section on CUDA at the chosen world sizes
+WRITE_PARAMS='import sys, yaml
+src, dst, precision, sizes = sys.argv[1:5]
+p = yaml.safe_load(open(src))
+p["speedup"].update(device="cuda", precision=precision, strategies=["single", "dp", "ddp"],
+                    world_sizes=[int(s) for s in sizes.split(",")])
+yaml.safe_dump(p, open(dst, "w"), sort_keys=False)'
+MFU='import sys, json
+from pathlib import Path
+from scalelab.bench import stats
+out = Path(sys.argv[1])
+why = "not available: experiments/ has no GPT-style workload (only mlp and cnn)"
+(out / "mfu.json").write_text(json.dumps({"benchmark": "mfu", "method": why, "status": "not available", "repeats": []}, indent=2))
+stats.write_summary_line(out, "gpu_mfu", why, "an MFU figure for a small GPT-style workload", None)'
+
+echo "gpu.sh: $GPUS GPU(s), world sizes $SIZES, out $OUT$([[ $DRY -eq 1 ]] && echo ' (dry run: nothing runs)')"
+run mkdir -p "$OUT/gpu"
+for precision in fp32 bf16; do
+    run "$PY" -c "$WRITE_PARAMS" "$PARAMS" "$OUT/gpu/params-$precision.yaml" "$precision" "${SIZES// /}"
+    run timeout 240 "$PY" -m scalelab.cli speedup --params "$OUT/gpu/params-$precision.yaml" --out "$OUT/gpu/speedup-$precision"
+done
+if [[ $PARITY -eq 1 ]]; then
+    run timeout 120 "$PY" -m scalelab.cli bench parity --params "$PARAMS" --out "$OUT"
+fi
+run "$PY" -c "$MFU" "$OUT"
+echo "gpu.sh: done; figures in $OUT (summary.md)"
