@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import time
 
@@ -207,6 +208,10 @@ def test_speedup_study_cells_run_as_slurm_jobs_across_two_nodes(workdir, slurm_c
     assert frame.loc["ddp-n2-w2", "nodes"] == 2 and frame.loc["ddp-n2-w2", "world_size"] == 2
     assert frame.loc["ddp-n2-w2", "predicted_efficiency"] > 0  # the all-reduce ran on SLURM too
     assert "DDP, 2 processes on 2 nodes" in (workdir / "results/speedup/speedup.md").read_text()
+    # the two nodes as SLURM's accounting saw them, not as the CSV says
+    ddp_job = re.search(r"study cells as SLURM jobs ([\d, ]+)", out).group(1).split(", ")[2]
+    state, nodes = sacct_states(ddp_job, slurm_cluster, "COMPLETED")[ddp_job]
+    assert state == "COMPLETED" and nodes == "n[1-2]", (ddp_job, state, nodes)
 
 
 def test_a_job_past_its_time_limit_ends_its_run_killed_not_running(workdir, prepared_digits, slurm_cluster):
