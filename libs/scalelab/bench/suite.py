@@ -1,20 +1,35 @@
 """`scalelab bench`: benchmarks that write JSON figures under results/bench/.
 
     scalelab bench tracking --out results/bench     # tracking overhead -> tracking_overhead.json
+    scalelab bench parity --out results/bench       # engine vs a hand-written loop -> parity.json
+    scalelab bench profiler --out results/bench     # train.profile on/off -> profiler_overhead.json
+    scalelab bench dvc --out results/bench          # no-op and incremental dvc repro -> dvc.json
+    scalelab bench loader --out results/bench       # waiting for data -> loader.json
     scalelab bench all --out results/bench          # every benchmark with its defaults
 
-`scalelab bench NAME --help` lists a benchmark's own options.
+Each one also puts its figures into `<out>/summary.md`, one line per figure with its goal and
+"met", "not met" or "not measured" (scalelab.bench.stats). `scalelab bench NAME --help` lists a
+benchmark's own options.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from scalelab.bench import scaling, startup, tracking_cost
+from scalelab.bench import dvc_repro, loader, parity, profiler_overhead, scaling, startup, tracking_cost
 
 # name -> module with add_arguments(parser), run(args, out_dir) -> dict and headline(result, out) -> str
-BENCHMARKS = {"tracking": tracking_cost, "startup": startup, "scaling": scaling}
+BENCHMARKS = {
+    "tracking": tracking_cost,
+    "parity": parity,
+    "profiler": profiler_overhead,
+    "dvc": dvc_repro,
+    "loader": loader,
+    "startup": startup,
+    "scaling": scaling,
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,14 +42,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Runs the chosen benchmark(s); prints one headline line each."""
-    names = list(BENCHMARKS) if args.name == "all" else [args.name]
-    for name in names:
-        module = BENCHMARKS[name]
-        bench_args = args if args.name == name else _defaults(module)
-        result = module.run(bench_args, Path(args.out))
-        print(module.headline(result, Path(args.out)))
-    return 0
+    """Runs the chosen benchmark(s); prints one headline line each.
+
+    Returns:
+        0; under `all`, 1 when a benchmark failed (the others still run; its error is printed).
+    """
+    if args.name != "all":
+        module = BENCHMARKS[args.name]
+        print(module.headline(module.run(args, Path(args.out)), Path(args.out)))
+        return 0
+    failed = []
+    for name, module in BENCHMARKS.items():
+        try:
+            print(module.headline(module.run(_defaults(module), Path(args.out)), Path(args.out)), flush=True)
+        except Exception as exc:  # one broken benchmark must not hide the others' figures
+            print(f"scalelab bench {name}: error: {exc}", file=sys.stderr, flush=True)
+            failed.append(name)
+    return 1 if failed else 0
 
 
 def _defaults(module) -> argparse.Namespace:

@@ -1,0 +1,231 @@
+"""The loader: what fraction of a training step waits for data, with num_workers 0 and 2.
+
+    scalelab bench loader --out results/bench     # -> results/bench/loader.json
+
+One rank by hand (what `run` starts: under torchrun for ddp, as one process otherwise):
+
+    torchrun --standalone --nproc-per-node 2 -m scalelab.bench.loader SPEC.json OUT.json
+
+The method is METHOD below; the JSON file carries it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from scalelab.bench import pipeline, stats
+from scalelab.runtime.io import atomic_write_json
+from scalelab.tracking import provenance
+
+METHOD = """\
+The pipeline's default training job (params.yaml `train`, changed only by `--set`): its strategy
+and processes (torchrun for ddp, gloo), threads, model, optimizer, batch and plan, on the
+pipeline's prepared data (made in a temporary folder from the same params: byte for byte what
+`dvc repro prepare` writes), with training's own loader (training.loader.make_loader: a fresh
+DataLoader per epoch, as `scalelab train` makes it) and training's own step (Loop.step). For each
+step, `wait` is the time from asking for the step's micro-batches to having them (the first step
+of an epoch includes making the DataLoader and starting its workers:
+`first_step_wait_ms_per_epoch` shows that part alone), and `compute` the time of Loop.step.
+Arms: num_workers 0 and 2 (`--workers`), interleaved: every repeat runs `--epochs` epochs of
+each, the order alternating. A repeat's figure is wait / (wait + compute) summed over its steps,
+on the rank that waited most. Reported per arm: the median over repeats, and every
+repeat's fraction. Tracking, checkpoints and evaluation are left out: they are not data loading.
+"""
+OUT_FILE = "loader.json"
+TARGET_FRACTION = 0.05
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=4, help="epochs per arm and repeat")
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 2], help="num_workers of each arm")
+    pipeline.add_set_argument(parser)
+
+
+# ---- one rank (runs in the worker processes) ----
+
+
+def _epoch(loop: Any, x: Any, y: Any, plan: Any, env: Any, seed: int, num_workers: int, epoch: int) -> list[float]:
+    """One epoch; returns [wait_s, compute_s, first_wait_s] (first_wait_s: the first step's wait)."""
+    from scalelab.training.loader import make_loader
+
+    wait_s = compute_s = 0.0
+    first_wait_s = None
+    start = time.perf_counter()
+    batches = iter(make_loader(x, y, plan, env, seed=seed, num_workers=num_workers, epoch=epoch, skip_batches=0))
+    for _ in range(plan.steps_per_epoch):
+        micro = [next(batches) for _ in range(plan.grad_accum_steps)]
+        got = time.perf_counter()
+        loop.step(micro)
+        done = time.perf_counter()
+        wait_s += got - start
+        first_wait_s = got - start if first_wait_s is None else first_wait_s
+        compute_s += done - got
+        start = done
+    return [wait_s, compute_s, first_wait_s or 0.0]
+
+
+def _rank_times(spec: dict[str, Any], train: Any, env: Any, device: Any) -> tuple[dict[str, Any], Any]:
+    """This rank's interleaved repeats; returns (times per arm, plan). The model and its DDP reducer
+    are freed when this returns, before the process group goes (or exit can deadlock)."""
+    from scalelab.data.store import load_split, verify
+    from scalelab.runtime import dist, seeds
+    from scalelab.training import workloads
+    from scalelab.training.loop import Optim, build_loop
+    from scalelab.training.plan import RunPlan
+
+    manifest = verify(spec["data"])
+    x, y = load_split(spec["data"], "train")
+    plan = RunPlan.of(train, manifest["splits"]["train"]["num_samples"])
+    seeds.seed_all(train.seed)
+    wl = workloads.load(
+        train.workload, train.model, input_shape=manifest["input_shape"], num_classes=manifest["num_classes"]
+    )
+    optim = Optim(name=train.optimizer, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)
+    loop = build_loop(wl, device, strategy_name=train.strategy, precision=train.precision, optim=optim)
+    _epoch(loop, x, y, plan, env, train.seed, 0, 0)  # warm-up: first-touch of model and optimizer state
+    arms = [str(w) for w in spec["workers"]]
+    times: dict[str, list[list[float]]] = {arm: [] for arm in arms}
+    epoch = 1
+    for rep in range(spec["repeats"]):
+        for arm in arms if rep % 2 == 0 else arms[::-1]:
+            dist.barrier()
+            total = [0.0, 0.0, 0.0]
+            for _ in range(spec["epochs"]):
+                total = [t + s for t, s in zip(total, _epoch(loop, x, y, plan, env, train.seed, int(arm), epoch))]
+                epoch += 1
+            times[arm].append(total)
+    return times, plan
+
+
+def measure(spec: dict[str, Any]) -> dict[str, Any]:
+    """Interleaved repeats of every arm on this rank; returns [wait_s, compute_s, first_wait_s]
+    summed over epochs, per arm and repeat, for every rank."""
+    from scalelab.config import parse_params
+    from scalelab.runtime import dist
+    from scalelab.runtime.device import setup_process
+
+    train = parse_params(spec["params"], "params").train
+    env = dist.read_env()
+    device = setup_process(
+        env,
+        device=train.device,
+        threads=train.threads_per_process,
+        deterministic=train.deterministic,
+        timeout_s=min(train.collective_timeout_s, 120.0),  # a lost peer fails the benchmark, not hangs it
+    )
+    times, plan = _rank_times(spec, train, env, device)
+    ranks = dist.all_gather_object(times)
+    dist.shutdown()
+    return {
+        "ranks": ranks,
+        "steps_per_epoch": plan.steps_per_epoch,
+        "per_rank_batch": plan.per_rank_batch,
+        "world_size": plan.world_size,
+        "strategy": train.strategy,
+        "is_main": env.is_main,
+    }
+
+
+def main(spec_path: str, out_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    result = measure(spec)
+    if result.pop("is_main"):
+        atomic_write_json(out_path, result)
+
+
+# ---- the benchmark (runs in `scalelab bench loader`) ----
+
+
+def measure_job(args: argparse.Namespace, work: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Prepares the data, runs the job's ranks in fresh processes; returns (params, rank 0's result)."""
+    raw = pipeline.params_tree(args.params, args.sets)
+    train = pipeline.parsed(raw).train
+    data = pipeline.prepare_data(raw, work / "prepared")
+    spec = {"params": raw, "data": str(data), "workers": args.workers, "repeats": args.repeats, "epochs": args.epochs}
+    spec_path, out_path = work / "loader.spec.json", work / "loader.out.json"
+    atomic_write_json(spec_path, spec)
+    worker = ["-m", "scalelab.bench.loader", str(spec_path), str(out_path)]
+    nproc = train.nproc_per_node if train.strategy == "ddp" else 1
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    cmd = [sys.executable, *(launcher if train.strategy == "ddp" else []), *worker]
+    env = {**os.environ, "OMP_NUM_THREADS": str(train.threads_per_process)}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0 or not out_path.is_file():
+        tail = " | ".join(proc.stderr.strip().splitlines()[-5:])
+        raise RuntimeError(f"loader benchmark: {' '.join(cmd)} exited {proc.returncode}: {tail[-800:]}")
+    return raw, json.loads(out_path.read_text())
+
+
+def summarize(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    arms = {}
+    for arm in (str(w) for w in args.workers):
+        per_rank = [rank[arm] for rank in raw["ranks"]]  # rank -> repeat -> [wait_s, compute_s, first_wait_s]
+        fractions = [max(r[i][0] / (r[i][0] + r[i][1]) for r in per_rank) for i in range(args.repeats)]
+        steps = args.epochs * raw["steps_per_epoch"]
+        median = stats.median(fractions)
+        arms[arm] = {
+            "wait_fraction": median,
+            "repeat_wait_fractions": fractions,
+            "wait_ms_per_step": [[1000.0 * r[i][0] / steps for i in range(args.repeats)] for r in per_rank],
+            "compute_ms_per_step": [[1000.0 * r[i][1] / steps for i in range(args.repeats)] for r in per_rank],
+            "first_step_wait_ms_per_epoch": [
+                [1000.0 * r[i][2] / args.epochs for i in range(args.repeats)] for r in per_rank
+            ],
+            "meets_target": median <= TARGET_FRACTION,
+        }
+    return {
+        "benchmark": "loader",
+        "method": METHOD.strip(),
+        "params": str(args.params),
+        "overrides": list(args.sets),
+        "job": {k: raw[k] for k in ("strategy", "world_size", "per_rank_batch", "steps_per_epoch")},
+        "repeats": args.repeats,
+        "epochs_per_repeat": args.epochs,
+        "num_workers": arms,
+        "target_fraction": TARGET_FRACTION,
+        "meets_target": all(a["meets_target"] for a in arms.values()),
+        "cpu_cores": os.cpu_count(),
+        "loadavg_1m": os.getloadavg()[0],
+        "host": socket.gethostname(),
+        "cpu": provenance.cpu_model(),
+    }
+
+
+def run(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
+    """Measures, writes loader.json and one summary line per num_workers; returns the result."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".bench-loader-", dir=out_dir))
+    try:
+        _, job = measure_job(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    result = summarize(job, args)
+    atomic_write_json(out_dir / OUT_FILE, result)
+    for arm, a in result["num_workers"].items():
+        wait = stats.median([stats.median(r) for r in a["wait_ms_per_step"]])
+        figure = f"step time waiting for data {100 * a['wait_fraction']:.1f}% at num_workers {arm} ({wait:.2f} ms/step)"
+        stats.write_summary_line(
+            out_dir, f"loader_workers{arm}", figure, f"<= {100 * TARGET_FRACTION:.0f}%", a["meets_target"]
+        )
+    return result
+
+
+def headline(result: dict, out: Path) -> str:
+    parts = [f"num_workers {arm}: {100 * a['wait_fraction']:.1f}%" for arm, a in result["num_workers"].items()]
+    return f"loader: step time waiting for data, {'; '.join(parts)} -> {out / OUT_FILE}"
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,97 @@
+"""`scalelab bench parity` on tiny sizes: the JSON's shape, the weight check, the summary lines."""
+
+import ast
+import json
+
+import pytest
+
+from helpers import REPO
+from scalelab.bench import parity, plain_loop, stats
+from scalelab.cli import main
+
+TINY = [
+    "--params",
+    str(REPO / "params.yaml"),
+    "--repeats",
+    "2",
+    "--steps",
+    "2",
+    "--warmup-steps",
+    "1",
+    "--check-steps",
+    "2",
+    "--batch-size",
+    "16",
+    "--num-features",
+    "8",
+    "--hidden",
+    "16",
+]
+
+
+def _check(result: dict, strategy: str, world_size: int) -> None:
+    p = result["strategies"][strategy]
+    assert p["world_size"] == world_size
+    assert p["bitwise_identical"] is True and p["max_abs_weight_diff"] == 0.0
+    assert len(p["repeat_ratios"]) == 2 and len(p["repeat_step_ms"]["engine"]) == 2
+    low, high = p["ci95"]
+    assert low <= p["median_ratio"] <= high and p["median_step_ms"]["plain"] > 0
+    assert p["meets_target"] == (p["median_ratio"] <= 1.02)
+
+
+def test_single_process_parity_writes_ratio_interval_and_identical_weights(workdir, capsys):
+    assert main(["bench", "parity", "--out", str(workdir / "bench"), "--strategies", "single", *TINY]) == 0
+    assert "engine parity" in capsys.readouterr().out
+    result = json.loads((workdir / "bench/parity.json").read_text())
+    assert result["benchmark"] == "parity" and "interleaved" in result["method"]
+    assert result["workload"]["batch_size"] == 16 and result["workload"]["model"]["hidden"] == [16]
+    _check(result, "single", 1)
+    assert list(stats.read_summary(workdir / "bench")) == ["parity_single"]
+    assert sorted(p.name for p in (workdir / "bench").iterdir()) == ["parity.json", "summary.md"]  # temp removed
+
+
+@pytest.mark.distributed
+def test_ddp_parity_at_two_processes_has_identical_weights_on_every_rank(workdir):
+    assert main(["bench", "parity", "--out", str(workdir / "bench"), "--strategies", "ddp", *TINY]) == 0
+    result = json.loads((workdir / "bench/parity.json").read_text())
+    _check(result, "ddp", 2)
+    assert result["workload"]["backend"] == "gloo" and result["workload"]["ddp_processes"] == 2
+
+
+def test_weights_that_differ_are_reported_and_fail_the_benchmark(workdir, monkeypatch):
+    def fake(spec, strategy, nproc, folder):
+        return {
+            "step_s": {"engine": [1.0, 1.0], "plain": [1.0, 1.0]},
+            "bitwise_identical": False,
+            "max_abs_weight_diff": 1e-7,
+            "ranks": 1,
+            "num_params": 10,
+        }
+
+    monkeypatch.setattr(parity, "run_strategy", fake)
+    args = parity.argparse.ArgumentParser()
+    parity.add_arguments(args)
+    with pytest.raises(parity.ParityError, match="differ .* single"):
+        parity.run(args.parse_args([*TINY, "--strategies", "single"]), workdir / "bench")
+    result = json.loads((workdir / "bench/parity.json").read_text())
+    assert result["bitwise_identical"] is False
+    assert stats.read_summary(workdir / "bench")["parity_single"].endswith(": not met")
+
+
+def test_compare_sees_a_one_ulp_difference():
+    torch = pytest.importorskip("torch")
+    a = plain_loop.PlainLoop(plain_loop.build_model(4, [3], 2, 0.0), 0.1, 0.9)
+    b = plain_loop.PlainLoop(plain_loop.build_model(4, [3], 2, 0.0), 0.1, 0.9)
+    b.model.load_state_dict(a.model.state_dict())
+    assert parity._compare({"engine": a, "plain": b})["identical"]
+    with torch.no_grad():
+        w = b.model[1].weight
+        w[0, 0] = torch.nextafter(w[0, 0], torch.tensor(1.0))
+    assert not parity._compare({"engine": a, "plain": b})["identical"]
+
+
+def test_the_plain_loop_imports_nothing_from_scalelab():
+    tree = ast.parse((REPO / "libs/scalelab/bench/plain_loop.py").read_text())
+    names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    assert names and not [n for n in names if n.split(".")[0] == "scalelab"], names
