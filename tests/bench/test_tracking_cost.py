@@ -73,8 +73,9 @@ def test_tracking_benchmark_writes_its_figures_method_and_summary_lines(workdir,
 
 
 def test_stop_flag_cost_runs_two_gloo_ranks_and_reports_its_fraction(tmp_path):
-    sf = stopflag_cost.measure(procs=2, steps=5, repeats=2, batch=4, hidden=[16], work=tmp_path)
-    assert sf["processes"] == 2 and sf["call_us_median"] > 0 and isinstance(sf["shows"], bool)
+    sf = stopflag_cost.measure(procs=2, steps=5, repeats=2, batch=4, hidden=[16], work=tmp_path, every=2)
+    assert sf["processes"] == 2 and sf["check_every_steps"] == 2 and sf["call_us_median"] > 0
+    assert "checked every 2 steps" in sf["note"]
     assert [len(r) for r in sf["raw_times_s"]["stop_flag"]] == [5, 5] and len(sf["raw_times_s"]["plain"]) == 2
     low, high = sf["ab_ratio"]["ci95"]
     assert low <= sf["ab_ratio"]["median_ratio"] <= high

@@ -26,6 +26,7 @@ def test_stop_mid_epoch_then_resume_is_bitwise_identical(workdir, prepared_digit
         tiny_params(
             train={"epochs": 3, "strategy": "single", "nproc_per_node": 1, "checkpoint_every_steps": 1000},
             tracking={"enabled": False},
+            slurm={"stop_check_every_steps": 1},
         ),
     )
     params = load_params(workdir / "p.yaml")
@@ -37,6 +38,20 @@ def test_stop_mid_epoch_then_resume_is_bitwise_identical(workdir, prepared_digit
     ref = torch.load(workdir / "ref/model.pt", weights_only=True)["model"]
     got = torch.load(workdir / "pre/model.pt", weights_only=True)["model"]
     assert all(torch.equal(ref[k], got[k]) for k in ref)
+
+
+def test_the_ranks_check_for_a_stop_every_stop_check_every_steps(workdir, prepared_digits):
+    write_params(
+        workdir / "p.yaml",
+        tiny_params(
+            train={"strategy": "single", "nproc_per_node": 1, "checkpoint_every_steps": 1000},
+            tracking={"enabled": False},
+            slurm={"stop_check_every_steps": 10},
+        ),
+    )
+    flag = StopAtCheck(3)  # the signal is seen at the third check: step 30, not step 3
+    assert train_here(load_params(workdir / "p.yaml"), prepared_digits, workdir / "pre", stop=flag)["step"] == 30
+    assert flag.calls == 3
 
 
 class CrashAtCheck(StopAtCheck):
@@ -54,7 +69,10 @@ def test_metric_history_after_a_stop_between_logging_steps_equals_an_uninterrupt
     # the checkpoint at 42, steps 43..47 recomputed) both fall inside an open logging window
     write_params(
         workdir / "p.yaml",
-        tiny_params(train={"epochs": 3, "strategy": "single", "nproc_per_node": 1, "checkpoint_every_steps": 7}),
+        tiny_params(
+            train={"epochs": 3, "strategy": "single", "nproc_per_node": 1, "checkpoint_every_steps": 7},
+            slurm={"stop_check_every_steps": 1},
+        ),
     )
     params = load_params(workdir / "p.yaml")
     ref = train_here(params, prepared_digits, workdir / "ref")

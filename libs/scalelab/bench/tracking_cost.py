@@ -23,6 +23,7 @@ import yaml
 
 from scalelab import tracking
 from scalelab.bench import stats, stopflag_cost
+from scalelab.config.schema import SlurmConfig
 from scalelab.runtime import seeds
 from scalelab.runtime.io import atomic_write_json
 from scalelab.runtime.paths import repo_root
@@ -91,6 +92,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--default-log-every", type=int, default=_default_log_every())
     parser.add_argument("--stop-procs", type=int, default=2, help="gloo processes of the StopFlag arm (0: skip)")
     parser.add_argument("--stop-steps", type=int, default=200, help="steps per StopFlag arm and repeat")
+    parser.add_argument(
+        "--stop-every",
+        type=int,
+        default=SlurmConfig().stop_check_every_steps,
+        help="steps between StopFlag checks (default: slurm.stop_check_every_steps' default)",
+    )
     parser.add_argument("--stop-repeats", type=int, default=7)
     parser.add_argument("--stop-batch", type=int, default=32, help="per-rank batch (train.batch_size)")
 
@@ -309,6 +316,7 @@ def run(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
         raw = measure(args, store)
         if args.stop_procs:
             kwargs = {"steps": args.stop_steps, "repeats": args.stop_repeats, "batch": args.stop_batch}
+            kwargs["every"] = args.stop_every
             raw["stop_flag"] = stopflag_cost.measure(procs=args.stop_procs, hidden=args.hidden, work=store, **kwargs)
         result = summarize(raw, args)
     finally:

@@ -199,6 +199,9 @@ class SlurmConfig:
     max_timeouts: int = knob(3, ge=0, doc="requeues allowed after a time-limit signal")
     poll_interval_s: float = knob(5.0, gt=0.0)
     est_step_time_s: float = knob(1.0, gt=0.0, doc="rough step time, for the pre-flight check only")
+    stop_check_every_steps: int = knob(
+        10, ge=1, doc="steps between the ranks' checks for a preemption signal (a collective; results/bench)"
+    )
 
     def check(self, prefix: str) -> None:
         check_name(f"{prefix}.profile", self.profile)  # a name under slurm/profiles/, never a path

@@ -238,7 +238,9 @@ def _train(
                 if step % per_epoch == 0:
                     val = evaluate(loop.model, loop.workload, val_x, val_y, env, device)
                     tracker.log_metrics({"val_loss": val["loss"], "val_accuracy": val["accuracy"]}, step)
-                stopped = stop is not None and stop.everywhere(device)
+                # every rank checks at the same steps: the check is an all-reduce (and a host sync)
+                check = stop is not None and step % params.slurm.stop_check_every_steps == 0
+                stopped = check and stop.everywhere(device)
                 if step % train.checkpoint_every_steps == 0 or step == total or stopped:
                     if meter.window_steps and not meter.window_is_finite(device):
                         raise NonFiniteLossError(float("nan"), step, ckpt)  # never checkpoint it
