@@ -185,7 +185,7 @@ def wait(job: Any, poll_s: float, out=sys.stderr) -> Any:
             print(f"slurm job {job.job_id}: {state}", file=out, flush=True)
             last_state = state
         seen = _tail(Path(job.paths.stderr), seen, out)
-        if job.done():
+        if job.done(force_check=True):  # one sacct per poll: submitit alone asks once a minute
             break
         time.sleep(poll_s)
     _tail(Path(job.paths.stderr), seen, out)
