@@ -84,6 +84,26 @@ def train_here(params: Any, data_dir: Path, out: Path, stop: Any = None) -> dict
     return job.run(params, plan, data_dir, out, stop=stop)
 
 
+def wait_for(predicate: Any, timeout_s: float, what: str) -> None:
+    """Polls `predicate` every 50 ms; fails naming `what` after `timeout_s`."""
+    import time
+
+    deadline = time.time() + timeout_s
+    while not predicate():
+        if time.time() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any process of process group `pgid` lives."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 RELIABILITY = REPO / "results/bench/reliability.json"
 
 

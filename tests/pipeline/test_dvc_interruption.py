@@ -21,7 +21,15 @@ import psutil
 import pytest
 from mlflow import MlflowClient
 
-from helpers import BIN, record_reliability, run_cli, tiny_params, training_pipeline, write_params
+from helpers import (
+    BIN,
+    record_reliability,
+    run_cli,
+    tiny_params,
+    training_pipeline,
+    wait_for,
+    write_params,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -29,22 +37,6 @@ BUSY = "is busy, it is being blocked by:"  # dvc/rwlock.py, the stage-level lock
 STALE = "had been killed. Auto removed it from the lock file."  # dvc/rwlock.py, on the next run
 UP_TO_DATE = "Data and pipelines are up to date."
 ENV = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
-
-
-def wait_for(predicate, timeout_s, what):
-    deadline = time.time() + timeout_s
-    while not predicate():
-        if time.time() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
-
-
-def group_alive(pgid):
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def start_repro(repo, log):

@@ -6,13 +6,12 @@ import json
 import os
 import signal
 import subprocess
-import time
 
 import psutil
 import pytest
 from mlflow import MlflowClient
 
-from helpers import BIN, record_reliability, run_cli, tiny_params, training_pipeline
+from helpers import BIN, record_reliability, run_cli, tiny_params, training_pipeline, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -20,14 +19,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 # (100): the resume restores a half-filled logging window that no earlier try has logged
 EPOCHS, LOG_EVERY, CHECKPOINT_EVERY = 20, 100, 7
 TOTAL = EPOCHS * 19  # digits: 19 global batches of 64 per epoch
-
-
-def wait_for(predicate, timeout_s, what):
-    deadline = time.time() + timeout_s
-    while not predicate():
-        if time.time() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def checkpoint_steps(repo):

@@ -3,30 +3,13 @@
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 from mlflow import MlflowClient
 
-from helpers import BIN, tiny_params, write_params
+from helpers import BIN, group_alive, tiny_params, wait_for, write_params
 
 pytestmark = pytest.mark.distributed
-
-
-def wait_for(predicate, timeout_s, what):
-    deadline = time.time() + timeout_s
-    while not predicate():
-        if time.time() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.1)
-
-
-def group_alive(pgid):
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_sigterm_to_torchrun_ends_the_run_killed_or_failed(workdir, prepared_digits):

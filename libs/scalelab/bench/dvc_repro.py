@@ -11,7 +11,6 @@ import argparse
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -162,9 +161,7 @@ def summarize(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         "incremental_only_stage": only_stage,
         "target_noop_s": TARGET_NOOP_S,
         "meets_target": noop_median <= TARGET_NOOP_S,
-        "cpu_cores": os.cpu_count(),
-        "loadavg_1m": os.getloadavg()[0],
-        "host": socket.gethostname(),
+        **stats.machine(),
     }
 
 

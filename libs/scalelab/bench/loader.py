@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,7 +24,6 @@ from typing import Any
 
 from scalelab.bench import pipeline, stats
 from scalelab.runtime.io import atomic_write_json
-from scalelab.tracking import provenance
 
 METHOD = """\
 The pipeline's default training job (params.yaml `train`, changed only by `--set`): its strategy
@@ -196,10 +194,7 @@ def summarize(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         "num_workers": arms,
         "target_fraction": TARGET_FRACTION,
         "meets_target": all(a["meets_target"] for a in arms.values()),
-        "cpu_cores": os.cpu_count(),
-        "loadavg_1m": os.getloadavg()[0],
-        "host": socket.gethostname(),
-        "cpu": provenance.cpu_model(),
+        **stats.machine(),
     }
 
 

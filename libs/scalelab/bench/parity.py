@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,7 +29,6 @@ from scalelab.config import load_params, to_dict
 from scalelab.runtime import dist, seeds
 from scalelab.runtime.device import setup_process
 from scalelab.runtime.io import atomic_write_json
-from scalelab.tracking import provenance
 from scalelab.training import workloads
 from scalelab.training.loop import Optim, build_loop
 
@@ -261,10 +259,7 @@ def summarize(spec: dict[str, Any], raw: dict[str, dict[str, Any]], nproc: int) 
         "target_ratio": TARGET_RATIO,
         "meets_target": all(p["meets_target"] for p in per.values()),
         "bitwise_identical": all(p["bitwise_identical"] for p in per.values()),
-        "cpu_cores": os.cpu_count(),
-        "loadavg_1m": os.getloadavg()[0],
-        "host": socket.gethostname(),
-        "cpu": provenance.cpu_model(),
+        **stats.machine(),
         "torch": torch.__version__,
     }
 

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import shutil
-import socket
 import tempfile
 import time
 from pathlib import Path
@@ -21,7 +19,6 @@ from typing import Any
 from scalelab.bench import pipeline, stats
 from scalelab.config.loader import ConfigError
 from scalelab.runtime.io import atomic_write_json
-from scalelab.tracking import provenance
 
 METHOD = """\
 The pipeline's default training: `scalelab train` on params.yaml (changed only by `--set`), in a
@@ -120,10 +117,7 @@ def summarize(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         "runs": runs,
         "target_ratio": TARGET_RATIO,
         "meets_target": ratio["median_ratio"] <= TARGET_RATIO,
-        "cpu_cores": os.cpu_count(),
-        "loadavg_1m": os.getloadavg()[0],
-        "host": socket.gethostname(),
-        "cpu": provenance.cpu_model(),
+        **stats.machine(),
     }
 
 

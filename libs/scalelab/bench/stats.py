@@ -13,7 +13,9 @@ same interval.
 
 from __future__ import annotations
 
+import os
 import random
+import socket
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +25,18 @@ from scalelab.runtime.io import atomic_write_text
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
 SUMMARY_FILE = "summary.md"
+
+
+def machine() -> dict[str, object]:
+    """Where a benchmark ran, for its JSON: cores, the 1-minute load, host and CPU model."""
+    from scalelab.tracking import provenance
+
+    return {
+        "cpu_cores": os.cpu_count(),
+        "loadavg_1m": os.getloadavg()[0],
+        "host": socket.gethostname(),
+        "cpu": provenance.cpu_model(),
+    }
 
 
 def median(values: Sequence[float]) -> float:
