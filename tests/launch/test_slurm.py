@@ -148,6 +148,16 @@ def test_preemption_checkpoints_requeues_and_resumes_into_the_same_run(workdir, 
     assert all(torch.equal(got[k], ref[k]) for k in ref)
 
 
+def the_error_line(stderr_file, proc) -> str:
+    """`scalelab train` exited 1 with one error line; that line, up to its log path (which holds
+    the test's folder name)."""
+    stderr = stderr_file.read_text()
+    assert proc.returncode == 1, stderr[-3000:]  # 1: a failed job (scalelab.cli)
+    errors = [ln for ln in stderr.splitlines() if ln.startswith("scalelab train: error:")]
+    assert len(errors) == 1, stderr[-3000:]
+    return errors[0].split("; logs: ")[0]
+
+
 def test_scancel_of_a_train_job_says_cancelled_and_closes_the_run(workdir, prepared_digits, slurm_cluster):
     (workdir / "slurm").symlink_to(BIN.parents[1] / "slurm")  # the cluster profiles
     train = {"epochs": 5000, "checkpoint_every_steps": 1000, **TWO_NODES}  # ~95k steps: minutes of work
@@ -171,12 +181,8 @@ def test_scancel_of_a_train_job_says_cancelled_and_closes_the_run(workdir, prepa
             proc.kill()
             if job_id:
                 subprocess.run(["scancel", job_id], env=env)
-    stderr = (workdir / "train.err").read_text()
-    assert proc.returncode == 1, stderr[-3000:]  # 1: a failed job (scalelab.cli)
-    errors = [ln for ln in stderr.splitlines() if ln.startswith("scalelab train: error:")]
-    assert len(errors) == 1, stderr[-3000:]
-    said = errors[0].split("; logs: ")[0]  # not the log path, which holds the test's folder name
-    assert "cancelled" in said and f"SLURM job {job_id} " in said, errors
+    said = the_error_line(workdir / "train.err", proc)
+    assert "cancelled" in said and f"SLURM job {job_id} " in said, said
     assert client.get_run(run_id).info.status in ("KILLED", "FAILED")
     assert sacct_states(job_id, env, "CANCELLED")[job_id][0].startswith("CANCELLED")
 
@@ -238,12 +244,8 @@ def test_a_job_past_its_time_limit_ends_its_run_killed_not_running(workdir, prep
             proc.kill()
             if job_id:
                 subprocess.run(["scancel", job_id], env=env)
-    stderr = (workdir / "train.err").read_text()
-    assert proc.returncode == 1, stderr[-3000:]  # 1: a failed job (scalelab.cli)
-    errors = [ln for ln in stderr.splitlines() if ln.startswith("scalelab train: error:")]
-    assert len(errors) == 1, stderr[-3000:]
-    said = errors[0].split("; logs: ")[0]  # not the log path, which holds the test's folder name
-    assert f"SLURM job {job_id} hit its 1 min time limit" in said and "slurm.max_timeouts = 0" in said, errors
+    said = the_error_line(workdir / "train.err", proc)
+    assert f"SLURM job {job_id} hit its 1 min time limit" in said and "slurm.max_timeouts = 0" in said, said
     assert sacct_states(job_id, env, "TIMEOUT")[job_id][0] == "TIMEOUT"
     history = subprocess.run(
         ["sacct", "-D", "-j", job_id, "-X", "-n", "-P", "-o", "JobID,State"], env=env, capture_output=True, text=True
