@@ -76,7 +76,7 @@ run() {
 WRITE_PARAMS='import sys, yaml
 src, dst, precision, sizes = sys.argv[1:5]
 p = yaml.safe_load(open(src))
-p["speedup"].update(device="cuda", precision=precision, strategies=["single", "dp", "ddp"],
+p["speedup"].update(device="cuda", precisions=[precision], strategies=["single", "dp", "ddp", "fsdp"],
                     world_sizes=[int(s) for s in sizes.split(",")])
 yaml.safe_dump(p, open(dst, "w"), sort_keys=False)'
 MFU='import sys, json

@@ -36,3 +36,9 @@ def build_model(cfg: Config, *, input_shape: list[int], num_classes: int) -> nn.
         in_ch = out_ch
     layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(cfg.dropout), nn.Linear(in_ch, num_classes)]
     return nn.Sequential(*layers)
+
+
+def shard_units(model: nn.Module) -> list[nn.Module]:
+    """Each convolution and the classifier are FSDP units (train.strategy: fsdp); batch norms stay
+    with the root."""
+    return [m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]

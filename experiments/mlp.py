@@ -28,3 +28,8 @@ def build_model(cfg: Config, *, input_shape: list[int], num_classes: int) -> nn.
         width = hidden
     layers.append(nn.Linear(width, num_classes))
     return nn.Sequential(*layers)
+
+
+def shard_units(model: nn.Module) -> list[nn.Module]:
+    """Each linear layer is one FSDP unit (train.strategy: fsdp)."""
+    return [m for m in model.modules() if isinstance(m, nn.Linear)]

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.integration
 TINY = {
     "model": {"hidden": [64], "dropout": 0.0},
     "num_features": 32,
-    "batch_size": 64,
+    "batch_sizes": [64],
     "warmup_steps": 1,
     "timed_steps": 2,
     "repeats": 2,

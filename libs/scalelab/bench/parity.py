@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check-steps", type=int, default=5, help="steps before the bitwise weight check")
     parser.add_argument("--strategies", nargs="+", choices=["single", "ddp"], default=["single", "ddp"])
     parser.add_argument("--nproc", type=int, default=2, help="ddp processes")
-    parser.add_argument("--batch-size", type=int, default=0, help="per rank; 0: speedup.batch_size")
+    parser.add_argument("--batch-size", type=int, default=0, help="per rank; 0: speedup.batch_sizes[0]")
     parser.add_argument("--num-features", type=int, default=0, help="0: speedup.num_features")
     parser.add_argument("--hidden", type=int, nargs="+", default=None, help="default: speedup.model.hidden")
 
@@ -86,7 +86,7 @@ def workload_spec(args: argparse.Namespace) -> dict[str, Any]:
         "model": model,
         "num_features": args.num_features or cfg.num_features,
         "num_classes": cfg.num_classes,
-        "batch_size": args.batch_size or cfg.batch_size,
+        "batch_size": args.batch_size or cfg.batch_sizes[0],
         "seed": cfg.seed,
         "lr": 1e-3,
         "momentum": 0.9,

@@ -7,9 +7,19 @@ package, and never probes the machine.
 """
 
 from scalelab.config.loader import ConfigError, build, flatten, knob, read_yaml, to_dict
-from scalelab.config.schema import FROZEN, DataConfig, Params, SpeedupConfig, TrainConfig, load_params, parse_params
+from scalelab.config.schema import (
+    DISTRIBUTED,
+    FROZEN,
+    DataConfig,
+    Params,
+    SpeedupConfig,
+    TrainConfig,
+    load_params,
+    parse_params,
+)
 
 __all__ = [
+    "DISTRIBUTED",
     "FROZEN",
     "ConfigError",
     "DataConfig",

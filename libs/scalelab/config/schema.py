@@ -14,8 +14,10 @@ from typing import Any, Literal
 from scalelab.config import registry
 from scalelab.config.loader import ConfigError, build, check_name, knob, read_yaml
 
-Strategy = Literal["single", "dp", "ddp"]
+Strategy = Literal["single", "dp", "ddp", "fsdp"]
 Precision = Literal["fp32", "bf16", "fp16"]
+# strategies that run one process per worker (torchrun or SLURM tasks) and may span nodes
+DISTRIBUTED = ("ddp", "fsdp")
 
 MAX_SEED = 2**32 - 1  # NumPy and torch both take it
 FROZEN = dict(frozen=True, kw_only=True, slots=True)
@@ -79,9 +81,9 @@ class ProfileConfig:
 class TrainConfig:
     workload: str = knob("mlp", doc="a module in experiments/")
     model: dict[str, Any] = knob({}, doc="the workload's Config, checked by the workload")
-    strategy: Strategy = knob("ddp")
+    strategy: Strategy = knob("ddp", doc="single | dp | ddp | fsdp (FSDP2 fully_shard of the workload's shard_units)")
     launcher: Literal["local", "slurm"] = knob("local")
-    nproc_per_node: int = knob(2, ge=1, doc="processes (ddp) or devices (dp) per node")
+    nproc_per_node: int = knob(2, ge=1, doc="processes (ddp, fsdp) or devices (dp) per node")
     num_nodes: int = knob(1, ge=1, doc="> 1 needs launcher slurm")
     threads_per_process: int = knob(1, ge=1)
     device: Literal["auto", "cpu", "cuda"] = knob("auto")
@@ -109,8 +111,8 @@ class TrainConfig:
 
     @property
     def world_size(self) -> int:
-        """Processes taking part: nodes x processes per node for ddp, one for single and dp."""
-        return self.num_nodes * self.nproc_per_node if self.strategy == "ddp" else 1
+        """Processes taking part: nodes x processes per node for ddp and fsdp, one for single and dp."""
+        return self.num_nodes * self.nproc_per_node if self.strategy in DISTRIBUTED else 1
 
     @property
     def global_batch(self) -> int:
@@ -118,10 +120,10 @@ class TrainConfig:
         return self.batch_size * self.grad_accum_steps * self.world_size
 
     def check(self, prefix: str) -> None:
-        if self.strategy != "ddp" and self.num_nodes > 1:
+        if self.strategy not in DISTRIBUTED and self.num_nodes > 1:
             raise ConfigError(
                 f"{prefix}.num_nodes = {self.num_nodes} is not allowed with "
-                f"{prefix}.strategy = '{self.strategy}': only ddp spans nodes"
+                f"{prefix}.strategy = '{self.strategy}': only ddp and fsdp span nodes"
             )
         if self.strategy == "single" and self.nproc_per_node != 1:
             raise ConfigError(
@@ -154,13 +156,16 @@ class SpeedupConfig:
     num_features: int = knob(512, ge=1, doc="synthetic input width")
     num_classes: int = knob(10, ge=2)
     scaling: Literal["weak", "strong"] = knob("weak", doc="weak: fixed per-rank batch; strong: fixed global batch")
-    batch_size: int = knob(4096, ge=1, doc="per rank (weak) or global (strong)")
-    precision: Precision = knob("fp32")
-    strategies: list[Strategy] = knob(["single", "dp", "ddp"])
+    batch_sizes: list[int] = knob(
+        [4096], doc="per rank (weak) or global (strong); the first is the reference of the article's table"
+    )
+    precisions: list[Precision] = knob(["fp32"], doc="fp32 | bf16 (autocast) | fp16 (GradScaler, CUDA only)")
+    compile: list[bool] = knob([False], doc="torch.compile off and/or on; compile time is reported apart")
+    strategies: list[Strategy] = knob(["single", "dp", "ddp", "fsdp"])
     world_sizes: list[int] | Literal["auto"] = knob("auto", doc="auto: 1..GPUs on CUDA, 1..cores on CPU")
     device: Literal["auto", "cpu", "cuda"] = knob("auto")
     launcher: Literal["local", "slurm"] = knob("local", doc="slurm: every cell is a job on slurm.profile")
-    nodes: list[int] = knob([1], doc="node counts for ddp cells (> 1 needs launcher slurm)")
+    nodes: list[int] = knob([1], doc="node counts for ddp and fsdp cells (> 1 needs launcher slurm)")
     seed: int = knob(0, ge=0, le=MAX_SEED)
     warmup_steps: int = knob(3, ge=1)
     timed_steps: int = knob(5, ge=1)
@@ -186,8 +191,16 @@ class SpeedupConfig:
             )
         if not self.nodes or min(self.nodes) < 1:
             raise ConfigError(f"{prefix}.nodes = {self.nodes} is not allowed: give node counts >= 1")
-        if not self.strategies:
-            raise ConfigError(f"{prefix}.strategies = [] is not allowed: give one or more of single, dp, ddp")
+        for key, values, allowed in (
+            ("strategies", self.strategies, "single, dp, ddp, fsdp"),
+            ("precisions", self.precisions, "fp32, bf16, fp16"),
+            ("compile", self.compile, "false, true"),
+            ("batch_sizes", self.batch_sizes, "per-rank batches >= 1"),
+        ):
+            if not values or len(set(values)) != len(values):
+                raise ConfigError(f"{prefix}.{key} = {values} is not allowed: give one or more of {allowed}, each once")
+        if min(self.batch_sizes) < 1:
+            raise ConfigError(f"{prefix}.batch_sizes = {self.batch_sizes} is not allowed: batches must be >= 1")
 
 
 @dataclass(**FROZEN)

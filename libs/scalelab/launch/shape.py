@@ -8,16 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scalelab.config import TrainConfig
+from scalelab.config import DISTRIBUTED, TrainConfig
 from scalelab.runtime.device import cpu_count, cuda_device_count
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobShape:
-    strategy: str  # single | dp | ddp
+    strategy: str  # single | dp | ddp | fsdp
     device: str  # auto | cpu | cuda
     nodes: int = 1
-    procs_per_node: int = 1  # processes per node (ddp), or devices of the one process (dp)
+    procs_per_node: int = 1  # processes per node (ddp, fsdp), or devices of the one process (dp)
     threads_per_process: int = 1
 
 
@@ -66,7 +66,7 @@ class Misfit:
 def check_shape(shape: JobShape, cap: Capacity) -> Misfit | None:
     """The first way `shape` does not fit `cap`, or None when it fits."""
     device, gpus, cores, where = cap.device(shape.device), cap.gpus_per_node, cap.cpus_per_node, cap.where
-    procs = shape.procs_per_node if shape.strategy == "ddp" else 1  # processes per node
+    procs = shape.procs_per_node if shape.strategy in DISTRIBUTED else 1  # processes per node
     if shape.nodes > cap.nodes:
         return Misfit(
             "num_nodes", shape.nodes, f"needs {shape.nodes} nodes; {where} has {cap.nodes}", f"use at most {cap.nodes}"
@@ -84,7 +84,7 @@ def check_shape(shape: JobShape, cap: Capacity) -> Misfit | None:
             f"needs {shape.procs_per_node} GPUs per node; {where} has {gpus}",
             f"use at most {gpus}",
         )
-    if shape.strategy == "ddp" and device == "cpu" and procs > cores:
+    if shape.strategy in DISTRIBUTED and device == "cpu" and procs > cores:
         return Misfit(
             "nproc_per_node",
             procs,

@@ -52,11 +52,13 @@ def fingerprint(train: TrainConfig, manifest: dict[str, Any], world_size: int) -
 
 
 def checkpoint_state(loop: Loop, epoch: int, run_id: str | None) -> dict[str, Any]:
-    """Gathers every rank's RNG state; the returned dict is complete on rank 0 only."""
+    """Gathers every rank's RNG state (and, under fsdp, the sharded model and optimizer state);
+    the returned dict is complete on rank 0 only. Every rank must call it."""
     rngs = dist.all_gather_object(seeds.rng_state())
+    model, optimizer = strategy.full_state(loop.model, loop.optimizer)
     return {
-        "model": strategy.unwrap(loop.model).state_dict(),
-        "optimizer": loop.optimizer.state_dict(),
+        "model": model,
+        "optimizer": optimizer,
         "scaler": loop.scaler.state_dict(),
         "epoch": epoch,
         "rng": rngs,
@@ -73,8 +75,7 @@ def restore(state: dict[str, Any] | None, loop: Loop, seed: int, env: dist.DistE
     if state is None:
         seeds.seed_all(seeds.rank_seed(seed, env.rank))
         return 0
-    strategy.unwrap(loop.model).load_state_dict(state["model"])
-    loop.optimizer.load_state_dict(state["optimizer"])
+    strategy.load_full_state(loop.model, loop.optimizer, state["model"], state["optimizer"])
     loop.scaler.load_state_dict(state["scaler"])
     seeds.set_rng_state(state["rng"][env.rank])
     return state["step"]

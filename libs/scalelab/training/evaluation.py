@@ -34,7 +34,8 @@ def evaluate(
     model.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=device)
     xs, ys = x[env.rank :: env.world_size], y[env.rank :: env.world_size]
-    for i in range(0, len(ys), batch_size):
+    rows = -(-len(y) // env.world_size)  # the longest rank's share: every rank runs as many forwards
+    for i in range(0, rows, batch_size):  # (an fsdp model gathers its weights in each one)
         xb, yb = xs[i : i + batch_size].to(device), ys[i : i + batch_size].to(device)
         m = wl.metrics(model(xb), yb)
         sums += torch.stack(

@@ -254,11 +254,12 @@ def _train(
         "total_steps": total,
         "preempted": stopped,
         "run_id": tracker.run_id,
-        "rank_weight_sha256": dist.all_gather_object(weights_digest(loop.model)),
         **meter.summary(),
     }
+    weights = strategy.model_state(loop.model)  # gathered on every rank under fsdp
+    summary["rank_weight_sha256"] = dist.all_gather_object(weights_digest(weights))
     if env.is_main and not stopped:
-        _write_outputs(params, loop, manifest, out, summary, tracker, env)
+        _write_outputs(params, weights, manifest, out, summary, tracker, env)
     dist.barrier()
     mark("outputs_written")
     return summary
@@ -281,10 +282,10 @@ def _checkpoint(
         ckpt.save(step, {**state, WINDOW_KEY: windows, PENDING_KEY: tracker.pending_metrics()})
 
 
-def weights_digest(model: torch.nn.Module) -> str:
-    """sha256 over the model's parameters and buffers: equal digests mean equal weights."""
+def weights_digest(state: dict[str, torch.Tensor]) -> str:
+    """sha256 over a model state dict (parameters and buffers): equal digests mean equal weights."""
     digest = hashlib.sha256()
-    for name, tensor in sorted(strategy.unwrap(model).state_dict().items()):
+    for name, tensor in sorted(state.items()):
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
@@ -292,7 +293,7 @@ def weights_digest(model: torch.nn.Module) -> str:
 
 def _write_outputs(
     params: Params,
-    loop: Loop,
+    weights: dict[str, torch.Tensor],
     manifest: dict[str, Any],
     out: Path,
     summary: dict[str, Any],
@@ -302,7 +303,7 @@ def _write_outputs(
     buf = io.BytesIO()
     torch.save(
         {
-            "model": strategy.unwrap(loop.model).state_dict(),
+            "model": weights,
             "workload": params.train.workload,
             "model_config": params.train.model,
             "input_shape": manifest["input_shape"],

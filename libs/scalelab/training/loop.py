@@ -1,4 +1,4 @@
-"""The step loop: one optimizer step for single, DataParallel and DDP runs alike.
+"""The step loop: one optimizer step for single, DataParallel, DDP and FSDP runs alike.
 
 `build_loop` wraps the workload's model for its strategy and builds the optimizer and scaler;
 `Loop.step` is the training step that both `scalelab train` and the speedup study's cells time.
@@ -67,15 +67,27 @@ class Loop:
 
 
 def build_loop(
-    wl: workloads.Workload, device: torch.device, *, strategy_name: str, precision: str, optim: Optim
+    wl: workloads.Workload,
+    device: torch.device,
+    *,
+    strategy_name: str,
+    precision: str,
+    optim: Optim,
+    compile: bool = False,
 ) -> Loop:
-    """Wraps the workload's model for `strategy_name` and builds optimizer and scaler."""
-    model = strategy.wrap(wl.model, strategy_name, device)
+    """Wraps the workload's model for `strategy_name` and builds optimizer and scaler.
+
+    `compile` runs the wrapped model through torch.compile; the first step then compiles.
+    """
+    model = strategy.wrap(wl.model, strategy_name, device, wl.shard_units)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+    optimizer = optim.build(model.parameters())
+    if compile:
+        model = torch.compile(model)
     return Loop(
         model=model,
         workload=wl,
-        optimizer=optim.build(model.parameters()),
+        optimizer=optimizer,
         scaler=scaler,
         precision=precision,
         device=device,

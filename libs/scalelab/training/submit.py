@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scalelab.config import ConfigError, Params
+from scalelab.config import DISTRIBUTED, ConfigError, Params
 from scalelab.data.store import verify
 from scalelab.launch import slurm
 from scalelab.launch.local import LaunchError, run_torchrun, worker_env
@@ -61,7 +61,7 @@ def resolve(params: Params, data_dir: str | Path, out_dir: str | Path) -> Path:
 
 
 def launch(params: Params, data_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
-    """Validates, plans, and trains: in this process (single, dp), under torchrun (ddp) or on SLURM."""
+    """Validates, plans, and trains: in this process (single, dp), under torchrun (ddp, fsdp) or on SLURM."""
     t = params.train
     if t.launcher == "local":
         misfit = check_shape(train_shape(t), local_capacity())
@@ -75,7 +75,7 @@ def launch(params: Params, data_dir: str | Path, out_dir: str | Path) -> dict[st
         resolved = write_resolved(out_dir, params, plan)
         if t.launcher == "slurm":
             return run_slurm(params, profile, resolved, data_dir, out_dir)
-        if t.strategy != "ddp":
+        if t.strategy not in DISTRIBUTED:
             return run_worker(resolved, data_dir, out_dir)
         return run_local_ddp(params, resolved, data_dir, out_dir)
 

@@ -3,7 +3,10 @@
 - `Config`: a frozen dataclass of its model knobs (params `train.model`);
 - `build_model(cfg, *, input_shape, num_classes) -> nn.Module`: pure model code;
 - `loss(logits, targets) -> Tensor` and `metrics(logits, targets) -> dict[str, Tensor]` (sums over
-  the batch, so that they add up across batches and ranks).
+  the batch, so that they add up across batches and ranks);
+- optionally `shard_units(model) -> list[nn.Module]`: the submodules that `train.strategy: fsdp`
+  shards one by one (each is gathered only while it computes). Without it, fsdp shards the model
+  as one unit. The workload needs no FSDP import: it names its blocks, scalelab shards them.
 
 scalelab never imports experiments statically: the name comes from params.yaml, and
 `scalelab.config.registry` finds the module.
@@ -28,6 +31,7 @@ class Workload:
     model: torch.nn.Module
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     metrics: Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]
+    shard_units: Callable[[torch.nn.Module], list[torch.nn.Module]] | None = None
 
 
 def load(name: str, model: dict[str, Any], *, input_shape: list[int], num_classes: int, key: str = "train") -> Workload:
@@ -35,4 +39,4 @@ def load(name: str, model: dict[str, Any], *, input_shape: list[int], num_classe
     module = workload_module(name, key)
     cfg = build(module.Config, model, f"{key}.model")
     net = module.build_model(cfg, input_shape=list(input_shape), num_classes=num_classes)
-    return Workload(name, cfg, net, module.loss, module.metrics)
+    return Workload(name, cfg, net, module.loss, module.metrics, getattr(module, "shard_units", None))
