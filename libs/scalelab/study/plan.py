@@ -1,20 +1,36 @@
 """The study's grid: which cells exist, which can run here, and the key that caches each one.
 
-A cell is one (strategy, world size, nodes, threads per process) setup. A cell that cannot run on
-this machine or cluster profile carries the reason (from `launch.shape.check_shape`, the same check
-that `scalelab train` uses) and is reported as skipped.
+A cell is one (strategy, world size, nodes, threads per process, precision, compile, batch) setup:
+strategies x world sizes x precisions x compile x batch sizes. A cell that cannot run on this
+machine or cluster profile carries the reason (from `launch.shape.check_shape`, the same check that
+`scalelab train` uses, or the precision's device limit) and is reported as skipped.
+
+A cell's name is its setup today (`single-t1`, `ddp-w2`, `fsdp-n2-w4`), plus a suffix for each
+axis value off the default: `-bf16` / `-fp16`, `-compiled`, `-b<batch>` (a batch other than the
+first of `batch_sizes`).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from scalelab.config import SpeedupConfig, to_dict
+from scalelab.config import DISTRIBUTED, SpeedupConfig, to_dict
 from scalelab.launch.shape import Capacity, JobShape, check_shape
 from scalelab.runtime.io import json_digest
 
 # knobs that choose cells or shape the report, but do not change what a cell measures
-REPORT_KEYS = ("strategies", "world_sizes", "baseline", "interconnects", "predict_world_sizes", "work_samples")
+# (the axis lists are here because each cell carries its own precision, compile and batch)
+REPORT_KEYS = (
+    "strategies",
+    "world_sizes",
+    "precisions",
+    "compile",
+    "batch_sizes",
+    "baseline",
+    "interconnects",
+    "predict_world_sizes",
+    "work_samples",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +41,9 @@ class Cell:
     threads_per_process: int
     device: str
     nodes: int = 1
+    precision: str = "fp32"
+    compile: bool = False
+    batch_size: int = 4096  # per rank (weak scaling) or global (strong), as speedup.batch_sizes
     reason: str = ""  # non-empty: the cell cannot run here and is reported as skipped
 
     @property
@@ -33,32 +52,59 @@ class Cell:
 
     @property
     def procs_per_node(self) -> int:
-        """Processes per node: ddp runs one per worker; single and dp are one process."""
-        return self.world_size // self.nodes if self.strategy == "ddp" else 1
+        """Processes per node: ddp and fsdp run one per worker; single and dp are one process."""
+        return self.world_size // self.nodes if self.strategy in DISTRIBUTED else 1
 
 
 def plan(cfg: SpeedupConfig, cap: Capacity) -> list[Cell]:
-    """Every cell of the grid, runnable or not (a skipped cell carries its reason)."""
+    """Every cell of the grid, runnable or not (a skipped cell carries its reason). Setups come
+    first; each setup's cells follow in the order of batch_sizes, precisions and compile."""
     device = cap.device(cfg.device)
+    cells: list[Cell] = []
+    for setup in _setups(cfg, cap, device):
+        for batch in cfg.batch_sizes:
+            for precision in cfg.precisions:
+                for compiled in cfg.compile:
+                    suffix = (
+                        (f"-{precision}" if precision != "fp32" else "")
+                        + ("-compiled" if compiled else "")
+                        + (f"-b{batch}" if batch != cfg.batch_sizes[0] else "")
+                    )
+                    cell = Cell(
+                        setup.name + suffix,
+                        setup.strategy,
+                        setup.world_size,
+                        setup.threads_per_process,
+                        device,
+                        setup.nodes,
+                        precision,
+                        compiled,
+                        batch,
+                    )
+                    cells.append(Cell(**{**asdict(cell), "reason": _why_not(cfg, cell, cap)}))
+    return cells
+
+
+def _setups(cfg: SpeedupConfig, cap: Capacity, device: str) -> list[Cell]:
+    """(strategy, world size, nodes, threads) setups, at the reference axis values."""
     gpus, cores = cap.gpus_per_node, cap.cpus_per_node
     sizes = cfg.world_sizes if cfg.world_sizes != "auto" else _auto_sizes(gpus if device == "cuda" else cores)
-    cells: list[Cell] = []
+    setups: list[Cell] = []
     for strategy in cfg.strategies:
         if strategy == "single":
             threads = [1] if device == "cuda" else sorted({1, cores})
-            cells += [
+            setups += [
                 Cell(f"single-t{t}" if device == "cpu" else "single-gpu", "single", 1, t, device) for t in threads
             ]
-        for nodes in cfg.nodes if strategy == "ddp" else [1]:
+        for nodes in cfg.nodes if strategy in DISTRIBUTED else [1]:
             for world in (w for w in sizes if strategy != "single" and w % nodes == 0):
                 if strategy == "dp" and world < 2:
                     continue
                 per_node = world // nodes
                 threads = 1 if device == "cuda" else max(1, cores // per_node)
                 name = f"{strategy}-w{world}" if cfg.nodes == [1] else f"{strategy}-n{nodes}-w{world}"
-                cell = Cell(name, strategy, world, threads, device, nodes)
-                cells.append(Cell(name, strategy, world, threads, device, nodes, _why_not(cfg, cell, cap)))
-    return cells
+                setups.append(Cell(name, strategy, world, threads, device, nodes))
+    return setups
 
 
 def _auto_sizes(units: int) -> list[int]:
@@ -80,8 +126,10 @@ def _why_not(cfg: SpeedupConfig, cell: Cell, cap: Capacity) -> str:
     misfit = check_shape(shape, cap)
     if misfit:
         return misfit.reason
-    if cfg.scaling == "strong" and cfg.batch_size % cell.world_size:
-        return f"strong scaling: batch_size {cfg.batch_size} does not split evenly over {cell.world_size} ranks"
+    if cell.precision == "fp16" and cell.device != "cuda":
+        return "fp16 needs CUDA: its GradScaler and fp16 kernels are for GPUs; on CPU use bf16"
+    if cfg.scaling == "strong" and cell.batch_size % cell.world_size:
+        return f"strong scaling: batch {cell.batch_size} does not split evenly over {cell.world_size} ranks"
     return ""
 
 
