@@ -7,7 +7,9 @@ By hand:
         --spec results/speedup/cells/ddp-w2.spec.json --out /tmp/ddp-w2.json
 
 Each cell uses the same step function as training (training.loop.Loop.step) on synthetic batches
-that already sit on the device, so it measures compute and communication, not data loading.
+that already sit on the device, so it measures compute and communication, not data loading. It
+also measures memory per rank: the peak (CUDA max allocated, or the worker's peak RSS growth on a
+CPU) and the bytes of parameters, gradients and optimizer state this rank holds.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from scalelab.config import SpeedupConfig, build
 from scalelab.runtime import dist, lifeline, seeds
 from scalelab.runtime.device import setup_process
 from scalelab.runtime.io import atomic_write_json
-from scalelab.training import workloads
+from scalelab.training import strategy, workloads
 from scalelab.training.loop import Optim, build_loop
 
 
@@ -39,29 +41,65 @@ def _setup(spec: dict[str, Any]) -> tuple[SpeedupConfig, dist.DistEnv, torch.dev
     return build(SpeedupConfig, spec["config"], "speedup"), env, device
 
 
-def rank_batch(cfg: SpeedupConfig, strategy: str, world_size: int) -> int:
+def rank_batch(cfg: SpeedupConfig, strategy_name: str, world_size: int, batch_size: int) -> int:
     """Samples each process feeds per step. dp is one process that splits its batch over GPUs."""
     if cfg.scaling == "weak":
-        return cfg.batch_size * (world_size if strategy == "dp" else 1)
-    return cfg.batch_size // (1 if strategy == "dp" else world_size)
+        return batch_size * (world_size if strategy_name == "dp" else 1)
+    return batch_size // (1 if strategy_name == "dp" else world_size)
+
+
+def _rss_kib(field: str) -> int:
+    """VmRSS or VmHWM (the peak since the last reset) of this process, in KiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise OSError(f"/proc/self/status has no {field}")
+
+
+def _start_memory(device: torch.device) -> int:
+    """Resets the peak and returns the baseline it is measured from (bytes)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return torch.cuda.memory_allocated(device)
+    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
+    return 1024 * _rss_kib("VmRSS")
+
+
+def _peak_memory(device: torch.device, baseline: int) -> int:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) - baseline
+    return 1024 * _rss_kib("VmHWM") - baseline
 
 
 def time_steps(spec: dict[str, Any]) -> dict[str, Any]:
     """Warm-up, then `repeats` x `timed_steps` timed steps; returns per-repeat figures (rank 0)."""
     cfg, env, device = _setup(spec)
-    strategy, world = spec["strategy"], spec["world_size"]
+    name, world = spec["strategy"], spec["world_size"]
+    memory_base = _start_memory(device)
     seeds.seed_all(cfg.seed)
     wl = workloads.load(
         cfg.workload, cfg.model, input_shape=[cfg.num_features], num_classes=cfg.num_classes, key="speedup"
     )
-    loop = build_loop(wl, device, strategy_name=strategy, precision=cfg.precision, optim=Optim(name="sgd", lr=1e-3))
+    loop = build_loop(
+        wl,
+        device,
+        strategy_name=name,
+        precision=spec["precision"],
+        optim=Optim(name="sgd", lr=1e-3),
+        compile=spec["compile"],
+    )
     seeds.seed_all(seeds.rank_seed(cfg.seed, env.rank))
-    batch = rank_batch(cfg, strategy, world)
+    batch = rank_batch(cfg, name, world, spec["batch_size"])
     pool = [
         (torch.randn(batch, cfg.num_features, device=device), torch.randint(cfg.num_classes, (batch,), device=device))
         for _ in range(2)
     ]
-    for i in range(cfg.warmup_steps):
+    dist.barrier()
+    start = time.perf_counter()
+    loop.step([pool[0]])  # the first step: torch.compile compiles here
+    _sync(device)
+    first_step_s = max(dist.all_gather_object(time.perf_counter() - start))
+    for i in range(1, cfg.warmup_steps):
         loop.step([pool[i % 2]])
     elapsed_s = []
     for _ in range(cfg.repeats):
@@ -73,8 +111,10 @@ def time_steps(spec: dict[str, Any]) -> dict[str, Any]:
         _sync(device)
         elapsed_s.append(time.perf_counter() - start)
     slowest = [max(r) for r in zip(*dist.all_gather_object(elapsed_s))]  # the slowest rank sets the pace
-    num_params = sum(p.numel() for p in wl.model.parameters())
-    global_batch = batch * (1 if strategy == "dp" else world)
+    memory = _memory(loop, device, memory_base)
+    num_params = sum(p.numel() for p in wl.model.parameters())  # whole tensors (a DTensor counts all)
+    global_batch = batch * (1 if name == "dp" else world)
+    step_s = statistics.median(slowest) / cfg.timed_steps
     return {
         "repeat_s": slowest,
         "timed_steps": cfg.timed_steps,
@@ -83,7 +123,27 @@ def time_steps(spec: dict[str, Any]) -> dict[str, Any]:
         "samples_per_s": [global_batch * cfg.timed_steps / s for s in slowest],
         "num_params": num_params,
         "grad_bytes": 4 * num_params,
+        "first_step_s": first_step_s,
+        "compile_s": first_step_s - step_s if spec["compile"] else None,
+        **memory,
         "is_main": env.is_main,
+    }
+
+
+def _memory(loop, device: torch.device, baseline: int) -> dict[str, Any]:
+    """Peak memory and the state bytes this rank holds, each the largest over the ranks."""
+    params = list(loop.model.parameters())
+    optim_state = [t for state in loop.optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
+    mine = {
+        "peak_mem_bytes_per_rank": _peak_memory(device, baseline),
+        "param_bytes_per_rank": strategy.local_bytes(params),
+        "grad_bytes_per_rank": strategy.local_bytes(p.grad for p in params),
+        "optim_bytes_per_rank": strategy.local_bytes(optim_state),
+    }
+    every = dist.all_gather_object(mine)
+    return {
+        **{key: max(rank[key] for rank in every) for key in mine},
+        "mem_kind": "cuda_max_allocated" if device.type == "cuda" else "rss_growth",
     }
 
 

@@ -16,7 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from scalelab.config import Params, to_dict
+from scalelab.config import DISTRIBUTED, Params, to_dict
 from scalelab.launch import slurm
 from scalelab.launch.local import run_workers
 from scalelab.launch.shape import Capacity, local_capacity
@@ -43,7 +43,7 @@ def run_cell(kind: str, cell: Cell, spec: dict[str, Any], folder: Path) -> dict[
     log.info("measuring %s", stem)
     proc = run_workers(
         ["cell-worker", kind, "--spec", str(spec_path), "--out", str(out_path)],
-        nproc=cell.world_size if cell.strategy == "ddp" else None,
+        nproc=cell.world_size if cell.strategy in DISTRIBUTED else None,
         threads_per_process=cell.threads_per_process,
         capture=True,
     )
