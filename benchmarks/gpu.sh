@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The GPU benchmark run, ready to go: on one CUDA node (1 or 8 GPUs), in under ~10 minutes,
-#   - the speedup study: single, dp and ddp at 1..all GPUs, in fp32 and in bf16 (`scalelab speedup`);
+#   - the speedup study: single, dp, ddp and fsdp at 1..all GPUs, in fp32, bf16 and fp16 with
+#     GradScaler, over NCCL (`scalelab speedup`, one grid: speedup.precisions);
 #   - the parity benchmark (`scalelab bench parity`: engine step vs a hand-written loop);
 #   - an MFU figure for a small GPT-style workload: not available (experiments/ has none), and
 #     summary.md says so.
-# It writes under --out (default results/bench): gpu/speedup-fp32/, gpu/speedup-bf16/, parity.json,
+# It writes under --out (default results/bench): gpu/speedup/, parity.json,
 # mfu.json and their lines in summary.md.
 #
 #   benchmarks/gpu.sh                     # needs CUDA: exits 2 without it
@@ -72,11 +73,11 @@ run() {
     fi
 }
 
-# params for one precision: the speedup section on CUDA at the chosen world sizes
+# the speedup section on CUDA at the chosen world sizes, every strategy and precision
 WRITE_PARAMS='import sys, yaml
-src, dst, precision, sizes = sys.argv[1:5]
+src, dst, sizes = sys.argv[1:4]
 p = yaml.safe_load(open(src))
-p["speedup"].update(device="cuda", precisions=[precision], strategies=["single", "dp", "ddp", "fsdp"],
+p["speedup"].update(device="cuda", precisions=["fp32", "bf16", "fp16"], strategies=["single", "dp", "ddp", "fsdp"],
                     world_sizes=[int(s) for s in sizes.split(",")])
 yaml.safe_dump(p, open(dst, "w"), sort_keys=False)'
 MFU='import sys, json
@@ -89,10 +90,8 @@ stats.write_summary_line(out, "gpu_mfu", why, "an MFU figure for a small GPT-sty
 
 echo "gpu.sh: $GPUS GPU(s), world sizes $SIZES, out $OUT$([[ $DRY -eq 1 ]] && echo ' (dry run: nothing runs)')"
 run mkdir -p "$OUT/gpu"
-for precision in fp32 bf16; do
-    run "$PY" -c "$WRITE_PARAMS" "$PARAMS" "$OUT/gpu/params-$precision.yaml" "$precision" "${SIZES// /}"
-    run timeout 240 "$PY" -m scalelab.cli speedup --params "$OUT/gpu/params-$precision.yaml" --out "$OUT/gpu/speedup-$precision"
-done
+run "$PY" -c "$WRITE_PARAMS" "$PARAMS" "$OUT/gpu/params.yaml" "${SIZES// /}"
+run timeout 420 "$PY" -m scalelab.cli speedup --params "$OUT/gpu/params.yaml" --out "$OUT/gpu/speedup"
 if [[ $PARITY -eq 1 ]]; then
     run timeout 120 "$PY" -m scalelab.cli bench parity --params "$PARAMS" --out "$OUT"
 fi
