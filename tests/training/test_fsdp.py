@@ -1,0 +1,163 @@
+"""train.strategy fsdp (FSDP2, 2 gloo processes) through the real CLI and torchrun: the same math as
+one process and as ddp, grad accumulation, resume after SIGKILL, full-state checkpoints, reproduce."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+from mlflow import MlflowClient
+
+from helpers import BIN, run_cli, tiny_params, training_pipeline, write_params
+
+pytestmark = pytest.mark.distributed
+
+FSDP = {"strategy": "fsdp"}
+# no dropout (its masks differ per rank), plain sgd: the math of one global batch, however it is split
+EXACT = {"model": {"hidden": [32], "dropout": 0.0}, "optimizer": "sgd", "lr": 0.05}
+
+
+EPOCHS = 6  # the resume test: the first checkpoint (step 20) comes mid-epoch, long before the end
+TOTAL = EPOCHS * 19  # digits: 19 global batches of 64 per epoch
+
+
+def train(workdir, data_dir, out="results/train", **sections):
+    write_params(workdir / "params.yaml", tiny_params(**sections))
+    run_cli("train", "--params", "params.yaml", "--data", str(data_dir), "--out", out, cwd=workdir)
+    return workdir / out
+
+
+def weights(out_dir):
+    return torch.load(out_dir / "model.pt", weights_only=True)["model"]
+
+
+def assert_same_weights(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def assert_close_weights(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5, msg=lambda m, key=key: f"{key}: {m}")
+
+
+def test_fsdp_matches_one_process_and_ddp_and_accumulates_gradients(workdir, prepared_digits):
+    # DistributedSampler deals one shuffled order round-robin: at every step the 2 ranks' batches of
+    # B together are exactly the one process's batch of 2B, so the runs differ only in float rounding
+    # (mean of two half-batch means vs one mean): within tolerance, not bitwise. fsdp and ddp do the
+    # same reductions on the same values: bitwise equal.
+    steps = {}
+
+    def run(out, **train_section):
+        folder = train(workdir, prepared_digits, out=out, tracking={"enabled": False}, train=train_section)
+        steps[out] = json.loads((folder / "metrics.json").read_text())["steps"]
+        return weights(folder)
+
+    single = run("single", **EXACT, strategy="single", nproc_per_node=1, batch_size=64)
+    fsdp = run("fsdp", **EXACT, **FSDP, batch_size=32)
+    ddp = run("ddp", **EXACT, strategy="ddp", batch_size=32)
+    acc = run("acc", **EXACT, **FSDP, batch_size=16, grad_accum_steps=2)  # strategy.no_sync's FSDP path
+
+    assert set(steps.values()) == {38}, steps  # digits: 2 epochs x 19 global batches of 64
+    assert_close_weights(fsdp, single)
+    assert_same_weights(fsdp, ddp)
+    assert_close_weights(acc, single)
+
+
+def test_fsdp_sigkill_then_resume_matches_uninterrupted_run(workdir, prepared_digits):
+    sections = {"train": {**FSDP, "epochs": EPOCHS, "checkpoint_every_steps": 20}}
+    ref = train(workdir, prepared_digits, out="ref", tracking={"enabled": False}, **sections)
+
+    write_params(workdir / "params.yaml", tiny_params(**sections))
+    cmd = [str(BIN / "scalelab"), "train", "--data", str(prepared_digits), "--out", "killed"]
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    proc = subprocess.Popen(
+        cmd, cwd=workdir, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    ckpts = workdir / "killed" / "checkpoints"
+    deadline = time.time() + 120
+    while not list(ckpts.glob("step-*.pt")) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert list(ckpts.glob("step-*.pt")), "no checkpoint appeared before the kill"
+    assert not (workdir / "killed" / "model.pt").exists(), "the run finished before the kill"
+    run_id_before = json.loads((ckpts / "job.json").read_text())["run_id"]
+
+    resumed = max(int(p.stem.split("-")[1]) for p in ckpts.glob("step-*.pt"))
+
+    rerun = run_cli("train", "--data", str(prepared_digits), "--out", "killed", cwd=workdir)
+    # from the checkpoint, not from scratch (which would give the same weights too)
+    assert f"| {resumed}/{TOTAL} [" in rerun.stderr, rerun.stderr[-3000:]
+    assert_same_weights(weights(ref), weights(workdir / "killed"))
+
+    run_id = json.loads((workdir / "killed" / "run.json").read_text())["run_id"]
+    assert run_id == run_id_before
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    assert client.get_run(run_id).info.status == "FINISHED"
+    assert client.get_run(run_id).data.tags["scalelab.strategy"] == "fsdp"
+    steps = [m.step for m in client.get_metric_history(run_id, "train_loss")]
+    assert steps == sorted(set(steps)), "duplicate or unordered metric steps after resume"
+    assert steps == sorted(set(range(5, steps[-1], 5)) | {steps[-1]}), "gaps in the metric steps"
+    runs = client.search_runs([client.get_experiment_by_name("scalelab").experiment_id])
+    assert len(runs) == 1
+
+
+def test_fsdp_checkpoint_holds_the_full_unsharded_state(workdir, prepared_digits):
+    from scalelab.training import workloads
+
+    out = train(
+        workdir,
+        prepared_digits,
+        out="ckpt",
+        tracking={"enabled": False},
+        train={**FSDP, "epochs": 1, "model": {"hidden": [32], "dropout": 0.1}, "optimizer": "sgd", "momentum": 0.9},
+    )
+    manifest = json.loads((prepared_digits / "manifest.json").read_text())
+    plain = workloads.load(
+        "mlp", {"hidden": [32]}, input_shape=manifest["input_shape"], num_classes=manifest["num_classes"]
+    ).model.state_dict()
+    assert plain["1.weight"].shape == (32, 64)
+
+    paths = sorted((out / "checkpoints").glob("step-*.pt"))
+    assert paths, "no checkpoint written"
+    state = torch.load(paths[-1], map_location="cpu", weights_only=True)
+    model = state["model"]
+    assert {k: tuple(v.shape) for k, v in model.items()} == {k: tuple(v.shape) for k, v in plain.items()}
+    assert all(type(v) is torch.Tensor for v in model.values()), {k: type(v) for k, v in model.items()}
+    assert_same_weights(model, weights(out))  # the last checkpoint is the final step
+
+    optim = state["optimizer"]
+    params = {k for k in plain}  # the mlp has no buffers: every entry is a parameter
+    assert {p for group in optim["param_groups"] for p in group["params"]} == params, optim["param_groups"]
+    assert set(optim["state"]) == params, optim["state"].keys()
+    for name, entry in optim["state"].items():
+        buf = entry["momentum_buffer"]
+        assert type(buf) is torch.Tensor and buf.shape == plain[name].shape, (name, type(buf), buf.shape)
+        assert buf.abs().sum() > 0, name
+
+
+@pytest.mark.integration
+def test_fsdp_dvc_repro_then_reproduce_matches(repo_copy):
+    training_pipeline(
+        repo_copy, tiny_params(train={**FSDP, "epochs": 1}, tracking={"system_metrics_interval_s": 0}), commit=True
+    )
+    run_cli("dvc", "repro", cwd=repo_copy, timeout=900)
+    run_id = json.loads((repo_copy / "results/train/run.json").read_text())["run_id"]
+    client = MlflowClient(f"sqlite:///{repo_copy / 'mlflow.db'}")
+    assert client.get_run(run_id).data.tags["scalelab.strategy"] == "fsdp"
+
+    # no --yes: the run's only recorded diff is the untracked dvc.lock, which is not code
+    rep = run_cli("reproduce", run_id, cwd=repo_copy, check=False, timeout=900)
+    print(rep.stdout)  # the table, shown with `pytest -rP`
+    assert rep.returncode == 0 and "RESULT: match" in rep.stdout, rep.stdout + rep.stderr[-3000:]
+    rows = {line.split("  ")[0]: line for line in rep.stdout.splitlines()}
+    assert rows["weights sha256"].endswith("match"), rows["weights sha256"]
+    for metric in ("train_loss", "val_accuracy", "test_accuracy", "ranks_in_sync"):
+        row = next(v for k, v in rows.items() if k.startswith(f"metric {metric} "))
+        assert row.endswith("match"), row
