@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -171,13 +172,23 @@ def test_bootstrap_intervals_contain_the_estimate_and_repeat():
     pd.testing.assert_frame_equal(first, second)
 
 
+def test_bootstrap_interval_of_a_known_case_is_reproducible():
+    # a constant baseline: the ratio is the median of 3 draws from {900, 1000, 1100} over 1000, which
+    # is 0.9 (or 1.1) with probability 7/27 each: far more than the 2.5% in each tail
+    low, high = measured.bootstrap_ratio(np.array([900.0, 1000.0, 1100.0]), np.full(3, 1000.0))
+    assert (low, high) == pytest.approx((0.9, 1.1))
+    cell, base = np.linspace(1000, 1300, 101), np.linspace(900, 1000, 101)  # fine-grained: draws differ
+    assert measured.bootstrap_ratio(cell, base) == measured.bootstrap_ratio(cell, base)  # fixed seed
+
+
 def test_noisy_flips_above_a_ten_percent_spread():
     cells, results = grid()
     quiet, loud = cell_of("single-t2"), cell_of("ddp-w1")
     results[quiet.name] = result(quiet, 1600.0, factors=(0.955, 1.0, 1.045))  # 9% spread
     results[loud.name] = result(loud, 1500.0, factors=(0.945, 1.0, 1.055))  # 11% spread
     frame = measured.table(speedup_cfg().speedup, cells, results, None).set_index("name")
-    assert frame.loc["single-t2", "noisy"] is False or not frame.loc["single-t2", "noisy"]
+    quiet_flag = frame.loc["single-t2", "noisy"]
+    assert isinstance(quiet_flag, (bool, np.bool_)) and not quiet_flag
     assert measured.is_noisy(frame.loc["ddp-w1", "noisy"])
     assert not measured.is_noisy(frame.loc["single-t1", "noisy"])
 
@@ -311,3 +322,29 @@ def test_batch_figure_ticks_are_the_measured_batches(tmp_path):
     fig = plots.plot_batch(frame, batch_view.batch_table(frame, grid()[1]), tmp_path / "speedup_batch.png")
     for ax in fig.axes:
         assert list(ax.get_xticks()) == [64, 256]
+
+
+def test_mlflow_children_carry_the_axes_and_the_parent_the_batch_files(workdir):
+    from mlflow import MlflowClient
+
+    cells, results = grid()
+    cfg = parse_params(tiny_params(speedup={"batch_sizes": [64, 256], "precisions": ["fp32", "bf16", "fp16"]}), "t")
+    out = workdir / "out"
+    out.mkdir()
+    report.write(cfg, cells, results, None, {"env.cpu": "test"}, out)
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("scalelab")
+    (parent,) = client.search_runs([exp.experiment_id], "tags.`scalelab.kind` = 'study'")
+    assert {"speedup_batch.csv", "speedup_batch.png", "speedup_crossover.csv"} <= {
+        a.path for a in client.list_artifacts(parent.info.run_id)
+    }
+    children = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    child = next(c for c in children if c.info.run_name == "single-t1-compiled-seed0")
+    assert (child.data.params["precision"], child.data.params["compile"], child.data.params["batch_size"]) == (
+        "fp32",
+        "True",
+        "64",
+    )
+    assert child.data.metrics["compile_s"] == pytest.approx(2.56)
+    assert child.data.metrics["peak_mem_bytes_per_rank"] == 30 * 2**20
+    assert child.data.metrics["break_even_steps"] == pytest.approx(200.0)
