@@ -1,8 +1,12 @@
-"""The study's outputs: speedup.csv, speedup.md, speedup.png, speedup.json, scaling.csv, MLflow."""
+"""The study's outputs: speedup.csv, speedup.md, speedup.png, speedup.json, scaling.csv,
+speedup_batch.csv/png, speedup_crossover.csv, and MLflow (a parent run, a child per cell).
+
+The per-cell table is built in `measured`, the batch-size view in `batch`, the answer lines in
+`answers` and the figures in `plots`; this module writes them.
+"""
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 from typing import Any
 
@@ -10,121 +14,24 @@ import pandas as pd
 
 from scalelab.config import Params, SpeedupConfig, flatten, to_dict
 from scalelab.runtime.io import atomic_write_json, atomic_write_text
-from scalelab.study import comm_model
+from scalelab.study import comm_model, plots
+from scalelab.study.answers import answers, interval
+from scalelab.study.batch import batch_table, crossover
+from scalelab.study.measured import (
+    COLUMNS,
+    MEMORY,
+    grad_bytes_of,
+    is_noisy,
+    predictions,
+    reference,
+    seed_singles,
+    table,
+)
 from scalelab.tracking import MlflowTracker
 
-COLUMNS = [
-    "name",
-    "strategy",
-    "world_size",
-    "nodes",
-    "threads_per_process",
-    "device",
-    "global_batch",
-    "samples_per_s_median",
-    "samples_per_s_min",
-    "samples_per_s_max",
-    "step_time_ms_median",
-    "step_time_ms_min",
-    "step_time_ms_max",
-    "train_time_s",
-    "speedup",
-    "speedup_vs_single_t1",
-    "speedup_vs_single_all",
-    "efficiency",
-    "predicted_efficiency",
-    "status",
-    "reason",
-    "cached",
-]
-
-
-def measured_singles(frame: pd.DataFrame) -> pd.DataFrame:
-    """The measured single-process rows, fewest threads (the 1-thread baseline) first."""
-    return frame[(frame.strategy == "single") & (frame.status == "ok")].sort_values("threads_per_process")
-
-
-def grad_bytes_of(results: dict[str, dict]) -> int:
-    """The model's gradient size, from any measured cell."""
-    return next((r["grad_bytes"] for r in results.values() if r["status"] == "ok"), 0)
-
-
-def table(cfg: SpeedupConfig, cells: list, results: dict[str, dict], link: comm_model.Link | None) -> pd.DataFrame:
-    """One row per cell; speedups against both single-process baselines."""
-    rows = []
-    for cell in cells:
-        res = results[cell.name]
-        row = {
-            "name": cell.name,
-            "strategy": cell.strategy,
-            "world_size": cell.world_size,
-            "nodes": cell.nodes,
-            "threads_per_process": cell.threads_per_process,
-            "device": cell.device,
-            "status": res["status"],
-            "reason": res.get("reason", ""),
-            "cached": res.get("cached", False),
-        }
-        if res["status"] == "ok":
-            sps, step = res["samples_per_s"], res["step_time_ms"]
-            row.update(
-                global_batch=res["global_batch"],
-                samples_per_s_median=statistics.median(sps),
-                samples_per_s_min=min(sps),
-                samples_per_s_max=max(sps),
-                step_time_ms_median=statistics.median(step),
-                step_time_ms_min=min(step),
-                step_time_ms_max=max(step),
-                train_time_s=cfg.work_samples / statistics.median(sps),
-            )
-        rows.append(row)
-    frame = pd.DataFrame(rows).reindex(columns=COLUMNS)
-    singles = measured_singles(frame)
-    for label, pick in (("single_t1", 0), ("single_all", -1)):
-        base = singles.iloc[pick].samples_per_s_median if len(singles) else float("nan")
-        frame[f"speedup_vs_{label}"] = frame.samples_per_s_median / base
-    frame["speedup"] = frame[f"speedup_vs_{cfg.baseline.replace('-', '_')}"]
-    frame["efficiency"] = frame.speedup / frame.world_size
-    grad_bytes = grad_bytes_of(results)
-    frame["predicted_efficiency"] = [_predicted(cfg, row, singles, link, grad_bytes) for _, row in frame.iterrows()]
-    return frame
-
-
-def _predicted(
-    cfg: SpeedupConfig, row: pd.Series, singles: pd.DataFrame, link: comm_model.Link | None, grad_bytes: float
-) -> float:
-    """Model efficiency of a measured ddp row, from the single process with the same threads."""
-    if row.strategy != "ddp" or row.status != "ok" or link is None or singles.empty:
-        return float("nan")
-    same = singles[singles.threads_per_process == row.threads_per_process]
-    compute_1_s = (same if len(same) else singles).iloc[0].step_time_ms_median / 1000.0
-    if cfg.scaling == "weak":
-        return comm_model.efficiency(compute_1_s, row.world_size, grad_bytes, link)
-    return comm_model.strong_efficiency(compute_1_s, row.world_size, grad_bytes, link)
-
-
-def predictions(cfg: SpeedupConfig, frame: pd.DataFrame, grad_bytes: float) -> pd.DataFrame:
-    """Predicted efficiency at large world sizes under the named interconnect presets."""
-    singles = measured_singles(frame)
-    if singles.empty:
-        return pd.DataFrame()
-    compute_1_s = singles.iloc[0].step_time_ms_median / 1000.0
-    model = comm_model.efficiency if cfg.scaling == "weak" else comm_model.strong_efficiency
-    rows = []
-    for name, ic in cfg.interconnects.items():
-        link = comm_model.Link(ic.bandwidth_gb_s * 1e9, ic.latency_us * 1e-6)
-        for world in cfg.predict_world_sizes:
-            rows.append(
-                {
-                    "interconnect": name,
-                    "bandwidth_gb_s": ic.bandwidth_gb_s,
-                    "latency_us": ic.latency_us,
-                    "world_size": world,
-                    "allreduce_ms": 1000 * link.allreduce_s(world, grad_bytes),
-                    "predicted_efficiency": model(compute_1_s, world, grad_bytes, link),
-                }
-            )
-    return pd.DataFrame(rows)
+__all__ = ["COLUMNS", "table", "write"]
+MIB = 2**20
+BATCH_FILES = ("speedup_batch.csv", "speedup_batch.png", "speedup_crossover.csv")
 
 
 def _fmt(value: Any) -> str:
@@ -141,28 +48,71 @@ def markdown_table(frame: pd.DataFrame) -> str:
 
 
 def _setup_label(row: pd.Series) -> str:
+    """Names the setup with its threads per process: on a CPU, that is what each process gets."""
     if row.strategy == "single":
         unit = "1 GPU" if row.device == "cuda" else f"{row.threads_per_process} thread(s)"
         return f"single process ({unit})"
-    unit = "GPUs" if row.device == "cuda" else "processes"
-    name = "DataParallel" if row.strategy == "dp" else "DDP"
-    return f"{name}, {row.world_size} {unit}" + (f" on {row.nodes} nodes" if row.nodes > 1 else "")
+    nodes = f" on {row.nodes} nodes" if row.nodes > 1 else ""
+    if row.strategy == "dp":  # one process driving the GPUs (CUDA only)
+        return f"DataParallel, {row.world_size} {'GPUs' if row.device == 'cuda' else 'processes'}{nodes}"
+    name = row.strategy.upper()
+    if row.device == "cuda":
+        return f"{name}, {row.world_size} GPUs{nodes}"
+    return f"{name}, {row.world_size} processes{nodes} x {row.threads_per_process} threads"
+
+
+def _with_ci(row: pd.Series, column: str) -> str:
+    text = interval(row[column], row[f"{column}_ci_low"], row[f"{column}_ci_high"], unit="")
+    return "" if text == "n/a" else text
 
 
 def article_table(frame: pd.DataFrame) -> str:
-    """The reference article's shape: setup | training time (s) | speedup."""
+    """The reference article's shape: setup | training time (s) | speedup (with its 95% interval)."""
     lines = ["| setup | training time (s) | speedup |", "|---|---|---|"]
     for _, row in frame.iterrows():
         if row.status == "ok":
-            lines.append(f"| {_setup_label(row)} | {row.train_time_s:,.1f} | {row.speedup:.2f}x |")
+            speedup = interval(row.speedup, row.speedup_ci_low, row.speedup_ci_high)
+            noisy = " (noisy)" if is_noisy(row.noisy) else ""
+            lines.append(f"| {_setup_label(row)} | {row.train_time_s:,.1f} | {speedup}{noisy} |")
         else:
             lines.append(f"| {_setup_label(row)} | {row.status}: {row.reason} | {row.status} |")
     return "\n".join(lines)
 
 
+def cells_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """speedup.csv as shown in speedup.md: each speedup and efficiency with its 95% interval."""
+    shown = frame[["name", "strategy", "world_size", "nodes", "threads_per_process", "precision", "compile"]].copy()
+    for column in ("batch_size", "global_batch", "samples_per_s_median", "step_time_ms_median", "train_time_s"):
+        shown[column] = frame[column]
+    for column in ("speedup", "speedup_vs_single_t1", "speedup_vs_single_all", "efficiency"):
+        shown[column] = [_with_ci(row, column) for _, row in frame.iterrows()]
+    shown["predicted_efficiency"] = frame.predicted_efficiency
+    shown["noisy"] = ["noisy" if is_noisy(v) else "" for v in frame.noisy]
+    shown["compile_s"] = frame.compile_s
+    shown["break_even_steps"] = frame.break_even_steps
+    shown["peak_mem_mib"] = frame.peak_mem_bytes_per_rank / MIB
+    state = frame.param_bytes_per_rank + frame.grad_bytes_per_rank + frame.optim_bytes_per_rank
+    shown["state_mib"] = state / MIB
+    for column in ("status", "reason", "cached"):
+        shown[column] = frame[column]
+    return shown
+
+
+def batch_shown(batch: pd.DataFrame) -> pd.DataFrame:
+    shown = batch[["name", "world_size", "threads_per_process", "batch_size", "samples_per_s_median"]].copy()
+    shown["best_single"] = batch.best_single
+    for column, key in (("speedup_vs_best_single", "speedup"), ("efficiency", "efficiency")):
+        shown[column] = [
+            interval(r[column], r[f"{key}_ci_low"], r[f"{key}_ci_high"], unit="") for _, r in batch.iterrows()
+        ]
+    shown["noisy"] = ["noisy" if is_noisy(v) else "" for v in batch.noisy]
+    return shown
+
+
 def headline(cfg: SpeedupConfig, frame: pd.DataFrame) -> dict[str, Any]:
-    """The largest measured ddp cell's speedup and efficiency (DVC metrics)."""
-    ddp = frame[(frame.strategy == "ddp") & (frame.status == "ok")].sort_values("world_size")
+    """The largest measured ddp cell's speedup and efficiency at the reference axes (DVC metrics)."""
+    ref = reference(cfg, frame)
+    ddp = ref[(ref.strategy == "ddp") & (ref.status == "ok")].sort_values("world_size")
     if ddp.empty:
         return {"headline": "no ddp cell was measured", "baseline": cfg.baseline, "scaling": cfg.scaling}
     top = ddp.iloc[-1]
@@ -182,7 +132,7 @@ def headline(cfg: SpeedupConfig, frame: pd.DataFrame) -> dict[str, Any]:
 def explain(cfg: SpeedupConfig, frame: pd.DataFrame, link: comm_model.Link | None, grad_bytes: float) -> str:
     """Why the figure is what it is, from the measured numbers."""
     lines = []
-    singles = measured_singles(frame)
+    singles = seed_singles(frame, cfg.batch_sizes[0])
     if link is not None and not singles.empty:
         compute_ms = singles.iloc[0].step_time_ms_median
         ddp = frame[(frame.strategy == "ddp") & (frame.status == "ok")]
@@ -190,9 +140,14 @@ def explain(cfg: SpeedupConfig, frame: pd.DataFrame, link: comm_model.Link | Non
         comm_ms = 1000 * link.allreduce_s(world, grad_bytes)
         lines.append(
             f"- One step computes for {compute_ms:,.1f} ms on one process; all-reducing the "
-            f"{grad_bytes / 2**20:,.1f} MiB of gradients over {world} ranks costs {comm_ms:,.1f} ms "
+            f"{grad_bytes / MIB:,.1f} MiB of gradients over {world} ranks costs {comm_ms:,.1f} ms "
             f"on the measured link ({link.bandwidth_b_s / 1e9:,.2f} GB/s, "
-            f"{link.latency_s * 1e6:,.0f} us latency). Compute dominates, so DDP can scale."
+            f"{link.latency_s * 1e6:,.0f} us latency). "
+            + (
+                "Compute dominates, so DDP can scale."
+                if compute_ms > comm_ms
+                else "Communication costs as much as compute or more, so DDP cannot scale at this batch."
+            )
         )
     lines.append(
         "- Processes here share one machine: memory bandwidth and caches are shared, and on a "
@@ -203,6 +158,35 @@ def explain(cfg: SpeedupConfig, frame: pd.DataFrame, link: comm_model.Link | Non
     return "\n".join(lines)
 
 
+def method(cfg: SpeedupConfig) -> str:
+    return "\n".join(
+        [
+            f"- Baseline for `speedup`: **{cfg.baseline}**; `speedup_vs_single_t1` and `speedup_vs_single_all` "
+            "give both single-process baselines (1 thread, all cores). Every baseline is the seed: the single "
+            "process at the cell's own batch size, in fp32 and eager, so a bf16 or compiled cell's speedup "
+            "holds that effect too.",
+            f"- Scaling mode: **{cfg.scaling}** ("
+            + ("fixed per-rank batch" if cfg.scaling == "weak" else "fixed global batch")
+            + f", batch_sizes {cfg.batch_sizes}; precisions {cfg.precisions}; compile {cfg.compile}). "
+            f"The article's table is at the first of each: batch {cfg.batch_sizes[0]}, {cfg.precisions[0]}, "
+            f"compile {str(cfg.compile[0]).lower()}.",
+            f"- {cfg.warmup_steps} warm-up steps excluded, then {cfg.repeats} repeats of {cfg.timed_steps} "
+            "timed steps; median and min..max over repeats; the slowest rank sets each repeat's time.",
+            "- Intervals [low, high] are bootstrap 95% intervals of the ratio of medians: the cell's and the "
+            "baseline's per-repeat samples/s resampled independently (fixed seed). A cell is `noisy` when its "
+            "repeats spread by more than 10% ((max - min) / median of samples/s).",
+            "- Efficiency = speedup / world size. `efficiency_vs_same_threads` (speedup.csv, the figure) divides "
+            "by world x the single process with the same threads per process instead. Predicted efficiency: "
+            "ring all-reduce model 2(N-1)/N * S/B + 2(N-1) * latency, fitted to an all-reduce microbenchmark on "
+            "the study's own backend with the model's gradient size, added to the measured single-process "
+            "compute time (no overlap).",
+            "- Compile: `compile_s` = first step - median timed step; `break_even_steps` = compile_s / (eager "
+            "step - compiled step) against the same cell eager. Memory per rank: peak (`mem_kind`) and the "
+            "parameter, gradient and optimizer bytes the rank holds.",
+        ]
+    )
+
+
 def markdown(
     cfg: SpeedupConfig,
     frame: pd.DataFrame,
@@ -210,8 +194,9 @@ def markdown(
     link: comm_model.Link | None,
     grad_bytes: float,
     hw: dict[str, str],
+    batch: pd.DataFrame,
+    cross: pd.DataFrame,
 ) -> str:
-    shown = frame.drop(columns=["device"]).copy()
     parts = [
         "# Speedup study",
         "",
@@ -225,33 +210,29 @@ def markdown(
         "",
         "## The article's table",
         "",
-        article_table(frame),
+        article_table(reference(cfg, frame)),
         "",
-        f"Training time = {cfg.work_samples:,} samples / median measured throughput.",
+        f"Training time = {cfg.work_samples:,} samples / median measured throughput; speedup with its "
+        "bootstrap 95% interval.",
+        "",
+        "## Answers",
+        "",
+        answers(cfg, frame, cross),
         "",
         "## All cells",
         "",
-        markdown_table(shown),
+        markdown_table(cells_table(frame)),
         "",
-        "## Method",
+        "## Batch size (fp32, eager)",
         "",
-        f"- Baseline for `speedup`: **{cfg.baseline}**; `speedup_vs_single_t1` and `speedup_vs_single_all` "
-        "give both single-process baselines (1 thread, all cores).",
-        f"- Scaling mode: **{cfg.scaling}** ("
-        + ("fixed per-rank batch" if cfg.scaling == "weak" else "fixed global batch")
-        + f", batch_size {cfg.batch_size}).",
-        f"- {cfg.warmup_steps} warm-up steps excluded, then {cfg.repeats} repeats of {cfg.timed_steps} "
-        "timed steps; median and min..max over repeats; the slowest rank sets each repeat's time.",
-        "- Efficiency = speedup / world size. Predicted efficiency: ring all-reduce model "
-        "2(N-1)/N * S/B + 2(N-1) * latency, fitted to an all-reduce microbenchmark on the study's own "
-        "backend with the model's gradient size, added to the measured single-process compute time "
-        "(no overlap).",
-        "",
-        "## Why the figure is what it is",
-        "",
-        explain(cfg, frame, link, grad_bytes),
+        markdown_table(batch_shown(batch)) if len(batch) else "No ddp or fsdp cell was measured in fp32, eager.",
         "",
     ]
+    if len(cross):
+        parts += ["Crossover: the smallest batch at which DDP beats the best single process.", ""]
+        parts += [markdown_table(cross), ""]
+    parts += ["## Method", "", method(cfg), "", "## Why the figure is what it is", ""]
+    parts += [explain(cfg, frame, link, grad_bytes), ""]
     if not preds.empty:
         parts += [
             "## Prediction (not measured)",
@@ -263,33 +244,6 @@ def markdown(
             "",
         ]
     return "\n".join(parts)
-
-
-def plot(frame: pd.DataFrame, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ddp = frame[(frame.strategy == "ddp") & (frame.status == "ok")].sort_values("world_size")
-    singles = measured_singles(frame)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    if not ddp.empty and not singles.empty:
-        base = singles.iloc[0].samples_per_s_median
-        err = [ddp.samples_per_s_median - ddp.samples_per_s_min, ddp.samples_per_s_max - ddp.samples_per_s_median]
-        ax1.errorbar(ddp.world_size, ddp.samples_per_s_median, yerr=err, marker="o", label="DDP (median, min..max)")
-        ax1.plot(ddp.world_size, base * ddp.world_size, "k--", label="ideal")
-        ax2.plot(ddp.world_size, ddp.efficiency, marker="o", label="measured")
-        ax2.plot(ddp.world_size, ddp.predicted_efficiency, marker="x", label="predicted (model)")
-        ax2.axhline(1.0, color="k", linestyle="--", label="ideal")
-    ax1.set(xlabel="workers", ylabel="samples/s", title="Throughput")
-    ax2.set(xlabel="workers", ylabel="efficiency", title="Efficiency", ylim=(0, 1.1))
-    for ax in (ax1, ax2):
-        ax.legend()
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def write(
@@ -305,19 +259,26 @@ def write(
     frame = table(cfg, cells, results, link)
     grad_bytes = grad_bytes_of(results)
     preds = predictions(cfg, frame, grad_bytes)
+    batch = batch_table(frame, results)
+    cross = crossover(cfg, frame, batch, link, grad_bytes)
     head = headline(cfg, frame)
     if link is not None:
         head.update(allreduce_bandwidth_gb_s=link.bandwidth_b_s / 1e9, allreduce_latency_us=link.latency_s * 1e6)
-    frame.to_csv(out / "speedup.csv", index=False)
-    ddp = frame[(frame.strategy == "ddp") & (frame.status == "ok")].sort_values("world_size")
-    base = measured_singles(frame)
+    whole = {m: frame[m].round().astype("Int64") for m in MEMORY}  # bytes: whole numbers, empty when not measured
+    frame.assign(**whole).to_csv(out / "speedup.csv", index=False)
+    batch.to_csv(out / "speedup_batch.csv", index=False)
+    cross.to_csv(out / "speedup_crossover.csv", index=False)
+    ref = reference(cfg, frame)
+    ddp = ref[(ref.strategy == "ddp") & (ref.status == "ok")].sort_values("world_size")
+    base = seed_singles(frame, cfg.batch_sizes[0])
     base_sps = base.iloc[0].samples_per_s_median if len(base) else float("nan")
     scaling = pd.DataFrame(
         {"workers": ddp.world_size, "measured": ddp.samples_per_s_median, "ideal": ddp.world_size * base_sps}
     )
     scaling.to_csv(out / "scaling.csv", index=False)
-    atomic_write_text(out / "speedup.md", markdown(cfg, frame, preds, link, grad_bytes, hw))
-    plot(frame, out / "speedup.png")
+    atomic_write_text(out / "speedup.md", markdown(cfg, frame, preds, link, grad_bytes, hw, batch, cross))
+    plots.plot(cfg, frame, out / "speedup.png")
+    plots.plot_batch(frame, batch, out / "speedup_batch.png")
     atomic_write_json(out / "speedup.json", head)
     if params.tracking.enabled:
         log_study(params, cells, frame, results, head, out)
@@ -333,8 +294,9 @@ def log_study(
     parent = MlflowTracker.open(params.tracking.experiment, run_name=f"speedup-{cfg.scaling}", tags=tags)
     parent.log_params(flatten({"speedup": to_dict(cfg)}))
     parent.log_metrics({k: v for k, v in head.items() if isinstance(v, (int, float))}, 0)
-    for name in ("speedup.csv", "speedup.md", "speedup.png", "speedup.json", "scaling.csv"):
-        parent.log_artifact(out / name)
+    for name in ("speedup.csv", "speedup.md", "speedup.png", "speedup.json", "scaling.csv", *BATCH_FILES):
+        if (out / name).is_file():
+            parent.log_artifact(out / name)
     for cell, (_, row) in zip(cells, frame.iterrows()):
         child = MlflowTracker.open(
             params.tracking.experiment,
@@ -347,6 +309,7 @@ def log_study(
                 "scalelab.status": row.status,
                 "scalelab.reason": row.reason,
                 "scalelab.cached": row.cached,
+                "scalelab.noisy": is_noisy(row.noisy),
             },
         )
         child.log_params(
@@ -358,7 +321,9 @@ def log_study(
                 "device": cell.device,
                 "seed.base": cfg.seed,
                 "scaling": cfg.scaling,
-                "batch_size": cfg.batch_size,
+                "precision": cell.precision,
+                "compile": cell.compile,
+                "batch_size": cell.batch_size,
             }
         )
         numbers = {k: row[k] for k in COLUMNS if isinstance(row[k], float) and row[k] == row[k]}
