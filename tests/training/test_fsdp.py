@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 from mlflow import MlflowClient
+from test_ddp import assert_same_weights, train, weights
 
 from helpers import BIN, run_cli, tiny_params, training_pipeline, write_params
 
@@ -22,22 +23,6 @@ EXACT = {"model": {"hidden": [32], "dropout": 0.0}, "optimizer": "sgd", "lr": 0.
 
 EPOCHS = 6  # the resume test: the first checkpoint (step 20) comes mid-epoch, long before the end
 TOTAL = EPOCHS * 19  # digits: 19 global batches of 64 per epoch
-
-
-def train(workdir, data_dir, out="results/train", **sections):
-    write_params(workdir / "params.yaml", tiny_params(**sections))
-    run_cli("train", "--params", "params.yaml", "--data", str(data_dir), "--out", out, cwd=workdir)
-    return workdir / out
-
-
-def weights(out_dir):
-    return torch.load(out_dir / "model.pt", weights_only=True)["model"]
-
-
-def assert_same_weights(a, b):
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.equal(a[key], b[key]), key
 
 
 def assert_close_weights(a, b):
