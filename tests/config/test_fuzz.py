@@ -38,7 +38,9 @@ def bad_params(draw):
         where = draw(st.sampled_from(all_paths))
         node = tree
         for part in where[:-1]:
-            node = node.get(part) if isinstance(node.get(part), dict) else node.setdefault(part, {})
+            if not isinstance(node.get(part), dict):  # an earlier mutation put a list or scalar here
+                node[part] = {}
+            node = node[part]
         if draw(st.booleans()):
             node[where[-1]] = copy.deepcopy(draw(st.sampled_from(BAD_VALUES)))
         else:

@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.browser]
 STUDY = {
     "model": {"hidden": [64], "dropout": 0.0},
     "num_features": 32,
-    "batch_size": 64,
+    "batch_sizes": [64],
     "device": "cpu",
     "warmup_steps": 1,
     "timed_steps": 1,
