@@ -198,10 +198,10 @@ def test_article_table_names_threads_and_keeps_to_the_reference_axes(tmp_path):
     article = md.split("## The article's table\n")[1].split("\n## ")[0]
     rows = [line for line in article.splitlines() if line.startswith("| ") and "setup" not in line]
     assert len(rows) == len(SETUPS)  # batch 64, fp32, eager only
-    assert any(r.startswith("| DDP, 1 processes x 2 threads | ") for r in rows)
-    assert any(r.startswith("| DDP, 2 processes x 1 threads | ") for r in rows)
-    assert any(r.startswith("| FSDP, 2 processes x 1 threads | ") for r in rows)
-    assert any(r.startswith("| single process (2 thread(s)) | ") for r in rows)
+    assert any(r.startswith("| DDP, 1 process x 2 threads | ") for r in rows)
+    assert any(r.startswith("| DDP, 2 processes x 1 thread | ") for r in rows)
+    assert any(r.startswith("| FSDP, 2 processes x 1 thread | ") for r in rows)
+    assert any(r.startswith("| single process (2 threads) | ") for r in rows)
     ddp_w2 = next(r for r in rows if r.startswith("| DDP, 2 processes"))
     assert "1.20x [" in ddp_w2  # speedup with its interval
 

@@ -69,7 +69,7 @@ def test_study_outputs_and_mlflow(workdir):
 
     md = (out / "speedup.md").read_text()
     assert "| setup | training time (s) | speedup |" in md
-    assert "| DataParallel, 2 processes | skipped: nn.DataParallel needs >= 2 CUDA devices" in md
+    assert "| DataParallel, 1 process x 2 GPUs | skipped: nn.DataParallel needs >= 2 CUDA devices" in md
     assert "Baseline for `speedup`: **single-t1**" in md and "Scaling mode: **weak**" in md
     assert "## Prediction (not measured)" in md
     assert (out / "speedup.png").read_bytes()[:4] == b"\x89PNG"

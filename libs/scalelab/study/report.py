@@ -50,15 +50,23 @@ def markdown_table(frame: pd.DataFrame) -> str:
 def _setup_label(row: pd.Series) -> str:
     """Names the setup with its threads per process: on a CPU, that is what each process gets."""
     if row.strategy == "single":
-        unit = "1 GPU" if row.device == "cuda" else f"{row.threads_per_process} thread(s)"
+        unit = (
+            "1 GPU"
+            if row.device == "cuda"
+            else "1 thread"
+            if row.threads_per_process == 1
+            else f"{row.threads_per_process} threads"
+        )
         return f"single process ({unit})"
     nodes = f" on {row.nodes} nodes" if row.nodes > 1 else ""
     if row.strategy == "dp":  # one process driving the GPUs (CUDA only)
-        return f"DataParallel, {row.world_size} {'GPUs' if row.device == 'cuda' else 'processes'}{nodes}"
+        return f"DataParallel, 1 process x {row.world_size} GPUs{nodes}"
     name = row.strategy.upper()
     if row.device == "cuda":
         return f"{name}, {row.world_size} GPUs{nodes}"
-    return f"{name}, {row.world_size} processes{nodes} x {row.threads_per_process} threads"
+    procs = "1 process" if row.world_size == 1 else f"{row.world_size} processes"
+    threads = "1 thread" if row.threads_per_process == 1 else f"{row.threads_per_process} threads"
+    return f"{name}, {procs}{nodes} x {threads}"
 
 
 def _with_ci(row: pd.Series, column: str) -> str:
