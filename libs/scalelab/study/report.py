@@ -47,26 +47,22 @@ def markdown_table(frame: pd.DataFrame) -> str:
     return "\n".join([head, rule, *body])
 
 
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s" if not word.endswith("s") else f"{n} {word}es"
+
+
 def _setup_label(row: pd.Series) -> str:
     """Names the setup with its threads per process: on a CPU, that is what each process gets."""
+    threads = _count(row.threads_per_process, "thread")
     if row.strategy == "single":
-        unit = (
-            "1 GPU"
-            if row.device == "cuda"
-            else "1 thread"
-            if row.threads_per_process == 1
-            else f"{row.threads_per_process} threads"
-        )
-        return f"single process ({unit})"
+        return f"single process ({'1 GPU' if row.device == 'cuda' else threads})"
     nodes = f" on {row.nodes} nodes" if row.nodes > 1 else ""
     if row.strategy == "dp":  # one process driving the GPUs (CUDA only)
         return f"DataParallel, 1 process x {row.world_size} GPUs{nodes}"
     name = row.strategy.upper()
     if row.device == "cuda":
         return f"{name}, {row.world_size} GPUs{nodes}"
-    procs = "1 process" if row.world_size == 1 else f"{row.world_size} processes"
-    threads = "1 thread" if row.threads_per_process == 1 else f"{row.threads_per_process} threads"
-    return f"{name}, {procs}{nodes} x {threads}"
+    return f"{name}, {_count(row.world_size, 'process')}{nodes} x {threads}"
 
 
 def _with_ci(row: pd.Series, column: str) -> str:
