@@ -3,8 +3,9 @@
 #   - the speedup study: single, dp, ddp and fsdp at 1..all GPUs, in fp32, bf16 and fp16 with
 #     GradScaler, over NCCL (`scalelab speedup`, one grid: speedup.precisions);
 #   - the parity benchmark (`scalelab bench parity`: engine step vs a hand-written loop);
-#   - an MFU figure for a small GPT-style workload: not available (experiments/ has none), and
-#     summary.md says so.
+#   - an MFU figure for a small GPT-style workload (`scalelab bench mfu`: experiments/gpt.py, 12
+#     layers, d_model 1024, seq 1024, batch 16, bf16 autocast on the first GPU; achieved FLOP/s over
+#     the device's dense bf16 peak from a table by name, about a minute).
 # It writes under --out (default results/bench): gpu/speedup/, parity.json,
 # mfu.json and their lines in summary.md.
 #
@@ -80,13 +81,6 @@ p = yaml.safe_load(open(src))
 p["speedup"].update(device="cuda", precisions=["fp32", "bf16", "fp16"], strategies=["single", "dp", "ddp", "fsdp"],
                     world_sizes=[int(s) for s in sizes.split(",")])
 yaml.safe_dump(p, open(dst, "w"), sort_keys=False)'
-MFU='import sys, json
-from pathlib import Path
-from scalelab.bench import stats
-out = Path(sys.argv[1])
-why = "not available: experiments/ has no GPT-style workload (only mlp and cnn)"
-(out / "mfu.json").write_text(json.dumps({"benchmark": "mfu", "method": why, "status": "not available", "repeats": []}, indent=2))
-stats.write_summary_line(out, "gpu_mfu", why, "an MFU figure for a small GPT-style workload", None)'
 
 echo "gpu.sh: $GPUS GPU(s), world sizes $SIZES, out $OUT$([[ $DRY -eq 1 ]] && echo ' (dry run: nothing runs)')"
 run mkdir -p "$OUT/gpu"
@@ -95,5 +89,6 @@ run timeout 420 "$PY" -m scalelab.cli speedup --params "$OUT/gpu/params.yaml" --
 if [[ $PARITY -eq 1 ]]; then
     run timeout 120 "$PY" -m scalelab.cli bench parity --params "$PARAMS" --out "$OUT"
 fi
-run "$PY" -c "$MFU" "$OUT"
+run timeout 180 "$PY" -m scalelab.cli bench mfu --device cuda --precision bf16 --layers 12 --d-model 1024 \
+    --seq 1024 --batch 16 --vocab 32768 --steps 10 --repeats 5 --warmup-steps 3 --out "$OUT"
 echo "gpu.sh: done; figures in $OUT (summary.md)"

@@ -27,7 +27,9 @@ def test_dry_run_prints_one_study_of_every_strategy_and_precision_parity_and_mfu
     assert "1\\,2\\,4\\,8" in writer  # the world sizes handed to the study
     for name in ("fp32", "bf16", "fp16", "fsdp", "dp", "cuda"):
         assert f'"{name}"' in writer, name
-    assert sum(" bench parity " in line for line in lines) == 1 and "gpu_mfu" in got.stdout
+    assert sum(" bench parity " in line for line in lines) == 1
+    mfu = [line for line in lines if " bench mfu " in line]
+    assert len(mfu) == 1 and "--device cuda --precision bf16" in mfu[0] and f"--out {out}" in mfu[0]
     assert not out.exists()  # nothing ran
 
 

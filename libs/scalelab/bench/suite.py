@@ -5,6 +5,7 @@
     scalelab bench profiler --out results/bench     # train.profile on/off -> profiler_overhead.json
     scalelab bench dvc --out results/bench          # no-op and incremental dvc repro -> dvc.json
     scalelab bench loader --out results/bench       # waiting for data -> loader.json
+    scalelab bench mfu --out results/bench          # GPT-style workload's FLOP/s and MFU -> mfu.json
     scalelab bench all --out results/bench          # every benchmark with its defaults
 
 Each one also puts its figures into `<out>/summary.md`, one line per figure with its goal and
@@ -18,7 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from scalelab.bench import dvc_repro, loader, parity, profiler_overhead, scaling, startup, tracking_cost
+from scalelab.bench import dvc_repro, loader, mfu, parity, profiler_overhead, scaling, startup, tracking_cost
 
 # name -> module with add_arguments(parser), run(args, out_dir) -> dict and headline(result, out) -> str
 BENCHMARKS = {
@@ -29,6 +30,7 @@ BENCHMARKS = {
     "loader": loader,
     "startup": startup,
     "scaling": scaling,
+    "mfu": mfu,
 }
 
 

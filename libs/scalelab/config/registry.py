@@ -37,3 +37,13 @@ def workload_module(name: str, key: str) -> ModuleType:
 def check_config(name: str, model: dict[str, Any], key: str) -> Any:
     """Validates a model section against the workload's Config; returns the typed Config."""
     return build(workload_module(name, key).Config, model, f"{key}.model")
+
+
+def check_dataset_workload(name: str, key: str) -> None:
+    """Refuses a workload that runs on its own synthetic batches only (`SYNTHETIC_ONLY`) under `key`."""
+    if getattr(workload_module(name, key), "SYNTHETIC_ONLY", False):
+        trainable = [n for n in available() if not getattr(workload_module(n, key), "SYNTHETIC_ONLY", False)]
+        raise ConfigError(
+            f"{key}.workload = {name!r} is not allowed: it runs on its own synthetic batches only "
+            f"(speedup.workload, scalelab bench mfu); {key} needs one of: {', '.join(trainable)}"
+        )

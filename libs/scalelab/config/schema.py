@@ -249,6 +249,7 @@ def parse_params(raw: Any, source: str) -> Params:
     try:
         params = build(Params, raw)
         registry.check_config(params.train.workload, params.train.model, "train")
+        registry.check_dataset_workload(params.train.workload, "train")
         registry.check_config(params.speedup.workload, params.speedup.model, "speedup")
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None

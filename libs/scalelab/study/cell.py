@@ -90,10 +90,14 @@ def time_steps(spec: dict[str, Any]) -> dict[str, Any]:
     )
     seeds.seed_all(seeds.rank_seed(cfg.seed, env.rank))
     batch = rank_batch(cfg, name, world, spec["batch_size"])
-    pool = [
-        (torch.randn(batch, cfg.num_features, device=device), torch.randint(cfg.num_classes, (batch,), device=device))
-        for _ in range(2)
-    ]
+    if wl.synthetic_batch:  # the workload's own data (gpt: token ids)
+        pool = [wl.synthetic_batch(batch, device=device) for _ in range(2)]
+    else:
+        features, classes = cfg.num_features, cfg.num_classes
+        pool = [
+            (torch.randn(batch, features, device=device), torch.randint(classes, (batch,), device=device))
+            for _ in range(2)
+        ]
     dist.barrier()
     start = time.perf_counter()
     loop.step([pool[0]])  # the first step: torch.compile compiles here

@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from scalelab.config import Params, SpeedupConfig, flatten, to_dict
+from scalelab.config import Params, SpeedupConfig, flatten, registry, to_dict
 from scalelab.runtime.io import atomic_write_json, atomic_write_text
 from scalelab.study import comm_model, plots
 from scalelab.study.answers import answers, interval
@@ -191,6 +191,13 @@ def method(cfg: SpeedupConfig) -> str:
     )
 
 
+def synthetic_data(cfg: SpeedupConfig) -> str:
+    """What the cells feed: random feature vectors, or the workload's own synthetic batches."""
+    if hasattr(registry.workload_module(cfg.workload, "speedup"), "synthetic_batch"):
+        return f"its own synthetic batches (experiments/{cfg.workload}.py `synthetic_batch`; a sample is one sequence)"
+    return f"synthetic data ({cfg.num_features} features, {cfg.num_classes} classes)"
+
+
 def markdown(
     cfg: SpeedupConfig,
     frame: pd.DataFrame,
@@ -204,8 +211,8 @@ def markdown(
     parts = [
         "# Speedup study",
         "",
-        f"Workload: `{cfg.workload}` {cfg.model} on synthetic data ({cfg.num_features} features, "
-        f"{cfg.num_classes} classes), batches already on the device: this measures compute and "
+        f"Workload: `{cfg.workload}` {cfg.model} on {synthetic_data(cfg)}, batches already on the device: "
+        "this measures compute and "
         "communication, not data loading. (The train/evaluate stages use the real dataset for "
         "accuracy; this study's workload is sized so that compute per step dominates communication.)",
         f"Hardware: {hw.get('env.cpu', '?')}, {hw.get('env.cpu_cores', '?')} cores"

@@ -1,0 +1,234 @@
+"""Model FLOPs utilization of the small GPT-style workload (experiments/gpt.py): achieved FLOP/s / peak.
+
+    scalelab bench mfu --out results/bench                                    # CPU: FLOP/s, MFU not measured
+    scalelab bench mfu --device cuda --precision bf16 --layers 12 --d-model 1024 --seq 1024
+    scalelab bench mfu --peak-tflops 1.5                                      # MFU against a peak you give
+
+The method is METHOD below; the JSON file (mfu.json) carries it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+from scalelab.bench import stats
+from scalelab.runtime import seeds
+from scalelab.runtime.io import atomic_write_json
+from scalelab.training import workloads
+from scalelab.training.loop import Optim, build_loop
+
+METHOD = """\
+One process times the training step of experiments/gpt.py (scalelab.training.loop.build_loop +
+Loop.step, strategy single: forward, next-token cross-entropy, backward, AdamW step) on two of the
+workload's synthetic token batches, already on the device, alternating. Warm-up steps are not
+timed; each repeat times `--steps` steps (CUDA synchronized before and after) and gives a step
+time; the figure is the median over `--repeats` repeats. FLOPs per step, analytic:
+(6*N + 12*n_layer*d_model*seq) * batch*seq, the standard estimate (Kaplan et al. 2020; PaLM's
+6N + 12LHQT), where N counts the parameters that take part in matrix products, i.e. all but the
+token and position embeddings (lookups; the LM head is untied and counted), and attention is
+counted over the full (not causal-halved) score matrix. Cross-check: one more step under
+torch.utils.flop_counter.FlopCounterMode (matrix products and attention; the CPU attention kernels
+added with torch's own SDPA formulas; its flash-style backward counts an extra QK^T, so it reads a
+few percent high). Achieved FLOP/s = analytic FLOPs per step / median step time. MFU = achieved /
+peak: the peak is --peak-tflops when given, else on CUDA the dense bf16 tensor-core peak of the
+device by name (PEAK_TFLOPS_BF16; bf16 only), else unknown and MFU is null.
+"""
+OUT_FILE = "mfu.json"
+GOAL = "MFU reported (no target on this workload)"
+NO_PEAK = "peak FLOP/s unknown for this device; pass --peak-tflops"
+# dense bf16 tensor-core peaks (no sparsity), TFLOP/s, by a substring of the CUDA device name: first match wins
+PEAK_TFLOPS_BF16 = (("H100 PCIe", 756.0), ("H100", 989.0), ("H200", 989.0), ("A100", 312.0))
+
+
+def _cpu_sdpa(q, k, v, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_flop_count(q, k, v)
+
+
+def _cpu_sdpa_backward(grad, q, k, v, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_backward_flop_count(grad, q, k, v)
+
+
+# FlopCounterMode has no formula for the CPU flash-attention kernels: torch's own SDPA ones, applied
+CPU_SDPA = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_sdpa_backward,
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="bf16: autocast")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per repeat")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warmup-steps", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=8, help="sequences per step")
+    parser.add_argument("--seq", type=int, default=128, help="tokens per sequence")
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--d-model", type=int, default=128)
+    parser.add_argument("--heads", type=int, default=0, help="0: d_model / 64 (at least 1)")
+    parser.add_argument("--vocab", type=int, default=512)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--peak-tflops", type=float, default=None, help="the device's peak, TFLOP/s (default: table)")
+
+
+def model_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The gpt workload's model section from the command line."""
+    for key in ("steps", "repeats", "batch", "seq", "layers", "d_model", "vocab"):
+        if getattr(args, key) < 1:
+            raise ValueError(f"--{key.replace('_', '-')} = {getattr(args, key)} is not allowed: give a number >= 1")
+    heads = args.heads or max(1, args.d_model // 64)
+    return {
+        "vocab_size": args.vocab,
+        "seq_len": args.seq,
+        "d_model": args.d_model,
+        "layers": args.layers,
+        "heads": heads,
+    }
+
+
+def matmul_params(model: torch.nn.Module) -> int:
+    """Parameters that take part in matrix products: all but the embedding tables."""
+    lookups = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
+    return sum(p.numel() for p in model.parameters() if id(p) not in lookups)
+
+
+def analytic_flops_per_token(n_matmul: int, layers: int, d_model: int, seq: int) -> int:
+    """6*N + 12*n_layer*d_model*seq: forward and backward of the weights, plus attention's scores."""
+    return 6 * n_matmul + 12 * layers * d_model * seq
+
+
+def peak_tflops(device: torch.device, precision: str, given: float | None) -> tuple[float | None, str]:
+    """(peak TFLOP/s or None, where it came from)."""
+    if given is not None:
+        if given <= 0:
+            raise ValueError(f"--peak-tflops = {given} is not allowed: give a peak > 0")
+        return given, "--peak-tflops"
+    if device.type == "cuda" and precision == "bf16":
+        name = torch.cuda.get_device_name(device)
+        for key, peak in PEAK_TFLOPS_BF16:
+            if key in name:
+                return peak, f"table: {key} dense bf16"
+    return None, None
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    return f"cpu: {stats.machine()['cpu']}, {torch.get_num_threads()} torch threads"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Builds the workload and its loop, counts one step's FLOPs, times the repeats."""
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda but torch.cuda.is_available() is False")
+    device = torch.device(args.device)
+    model = model_config(args)
+    seeds.seed_all(args.seed)
+    wl = workloads.load("gpt", model, input_shape=[args.seq], num_classes=args.vocab, key="bench.mfu")
+    loop = build_loop(wl, device, strategy_name="single", precision=args.precision, optim=Optim(name="adamw", lr=3e-4))
+    gen = torch.Generator().manual_seed(args.seed)
+    pool = [wl.synthetic_batch(args.batch, device=device, generator=gen) for _ in range(2)]
+    for i in range(args.warmup_steps):
+        loop.step([pool[i % 2]])
+    with FlopCounterMode(display=False, custom_mapping=CPU_SDPA) as counter:
+        loop.step([pool[0]])
+    _sync(device)
+    step_s = []
+    for _ in range(args.repeats):
+        _sync(device)
+        start = time.perf_counter()
+        for i in range(args.steps):
+            loss = loop.step([pool[i % 2]])
+        _sync(device)
+        step_s.append((time.perf_counter() - start) / args.steps)
+    n_matmul = matmul_params(wl.model)
+    tokens = args.batch * args.seq
+    return {
+        "model": model,
+        "params": sum(p.numel() for p in wl.model.parameters()),
+        "matmul_params": n_matmul,
+        "tokens_per_step": tokens,
+        "flops_per_step_analytic": analytic_flops_per_token(n_matmul, args.layers, args.d_model, args.seq) * tokens,
+        "flops_per_step_counted": int(counter.get_total_flops()),
+        "step_time_s": step_s,
+        "final_loss": float(loss),
+        "device": device,
+    }
+
+
+def summarize(args: argparse.Namespace, m: dict[str, Any]) -> dict[str, Any]:
+    device = m.pop("device")
+    median_s = stats.median(m["step_time_s"])
+    achieved = m["flops_per_step_analytic"] / median_s / 1e12
+    peak, peak_source = peak_tflops(device, args.precision, args.peak_tflops)
+    return {
+        "benchmark": "mfu",
+        "method": METHOD.strip(),
+        "device": device_name(device),
+        "precision": args.precision,
+        "config": {
+            **m["model"],
+            "batch": args.batch,
+            "tokens_per_step": m["tokens_per_step"],
+            "steps_per_repeat": args.steps,
+            "warmup_steps": args.warmup_steps,
+            "optimizer": "adamw",
+            "strategy": "single",
+            "seed": args.seed,
+        },
+        "params": m["params"],
+        "matmul_params": m["matmul_params"],
+        "flops_per_step_analytic": m["flops_per_step_analytic"],
+        "flops_per_step_counted": m["flops_per_step_counted"],
+        "counted_over_analytic": m["flops_per_step_counted"] / m["flops_per_step_analytic"],
+        "step_time_s_median": median_s,
+        "step_time_s": m["step_time_s"],
+        "repeats": args.repeats,
+        "tokens_per_s": m["tokens_per_step"] / median_s,
+        "achieved_tflops": achieved,
+        "peak_tflops": peak,
+        "peak_source": peak_source,
+        "mfu": achieved / peak if peak else None,
+        "mfu_reason": None if peak else NO_PEAK,
+        "final_loss": m["final_loss"],
+        **stats.machine(),
+        "torch": torch.__version__,
+    }
+
+
+def figure_text(r: dict[str, Any]) -> str:
+    c = r["config"]
+    size = f"{c['layers']} layers, d_model {c['d_model']}, seq {c['seq_len']}, batch {c['batch']}"
+    text = f"{r['achieved_tflops'] * 1e3:.3g} GFLOP/s achieved ({r['precision']}, {r['device']}; {size})"
+    if r["mfu"] is None:
+        return f"{text}; MFU null: {r['mfu_reason']}"
+    return f"{text}; MFU {100 * r['mfu']:.1f}% of {r['peak_tflops']:g} TFLOP/s ({r['peak_source']})"
+
+
+def run(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
+    """Measures, writes mfu.json and the summary line `mfu`."""
+    result = summarize(args, measure(args))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out_dir / OUT_FILE, result)
+    stats.write_summary_line(out_dir, "mfu", figure_text(result), GOAL, None if result["mfu"] is None else True)
+    return result
+
+
+def headline(result: dict, out: Path) -> str:
+    """One line with the figures and their units."""
+    mfu = "not measured" if result["mfu"] is None else f"{100 * result['mfu']:.1f}%"
+    return (
+        f"mfu: {result['achieved_tflops'] * 1e3:.3g} GFLOP/s, step {1000 * result['step_time_s_median']:.1f} ms "
+        f"(counted/analytic FLOPs {result['counted_over_analytic']:.3f}), MFU {mfu} -> {out / OUT_FILE}"
+    )

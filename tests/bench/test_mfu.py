@@ -1,0 +1,91 @@
+"""scalelab bench mfu on tiny sizes: the JSON's fields, analytic vs counted FLOPs, MFU only with a
+peak, the CUDA peak table, the summary line. No speed assertions."""
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from helpers import REPO, run_cli
+from scalelab.bench import mfu, stats
+
+TINY = ["--batch", "2", "--seq", "32", "--layers", "2", "--d-model", "64", "--vocab", "128"]
+TINY += ["--steps", "2", "--repeats", "2", "--warmup-steps", "1"]
+FIELDS = {
+    "benchmark", "method", "device", "precision", "config", "params", "flops_per_step_analytic",
+    "flops_per_step_counted", "step_time_s_median", "repeats", "achieved_tflops", "peak_tflops", "mfu",
+}  # fmt: skip
+
+
+def args(*extra: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    mfu.add_arguments(parser)
+    return parser.parse_args([*TINY, *extra])
+
+
+def test_without_a_peak_it_records_flops_and_leaves_mfu_null(tmp_path):
+    result = mfu.run(args(), tmp_path)
+    on_disk = json.loads((tmp_path / "mfu.json").read_text())
+    assert FIELDS <= on_disk.keys() and on_disk == json.loads(json.dumps(result))
+    assert on_disk["benchmark"] == "mfu" and "6*N + 12*n_layer*d_model*seq" in on_disk["method"]
+    assert on_disk["device"].startswith("cpu") and on_disk["precision"] == "fp32" and on_disk["repeats"] == 2
+    assert len(on_disk["step_time_s"]) == 2 and on_disk["step_time_s_median"] > 0
+    assert on_disk["config"]["layers"] == 2 and on_disk["config"]["heads"] == 1  # d_model 64 / 64
+    # 6*N + 12*L*d*T per token, N without the two embedding tables, times batch*seq tokens
+    n = on_disk["params"] - 128 * 64 - 32 * 64
+    assert on_disk["matmul_params"] == n
+    assert on_disk["flops_per_step_analytic"] == (6 * n + 12 * 2 * 64 * 32) * 2 * 32
+    assert on_disk["achieved_tflops"] == pytest.approx(
+        on_disk["flops_per_step_analytic"] / on_disk["step_time_s_median"] / 1e12
+    )
+    assert on_disk["mfu"] is None and on_disk["peak_tflops"] is None
+    assert on_disk["mfu_reason"] == "peak FLOP/s unknown for this device; pass --peak-tflops"
+    line = stats.read_summary(tmp_path)["mfu"]
+    assert line.endswith("goal MFU reported (no target on this workload): not measured") and "GFLOP/s" in line
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_counted_flops_agree_with_the_analytic_estimate(tmp_path, precision):
+    result = mfu.run(args("--precision", precision, "--repeats", "1"), tmp_path)
+    assert result["flops_per_step_counted"] > 0
+    assert 0.75 <= result["flops_per_step_counted"] / result["flops_per_step_analytic"] <= 1.25
+
+
+def test_with_a_peak_mfu_is_achieved_over_peak(tmp_path):
+    result = mfu.run(args("--peak-tflops", "0.5"), tmp_path)
+    assert result["peak_tflops"] == 0.5 and result["peak_source"] == "--peak-tflops"
+    assert result["mfu"] == pytest.approx(result["achieved_tflops"] / 0.5) and result["mfu_reason"] is None
+    line = stats.read_summary(tmp_path)["mfu"]
+    assert line.endswith(": met") and "of 0.5 TFLOP/s" in line
+
+
+@pytest.mark.parametrize(
+    ("name", "precision", "peak"),
+    [
+        ("NVIDIA H200", "bf16", 989.0),
+        ("NVIDIA H100 80GB HBM3", "bf16", 989.0),
+        ("NVIDIA H100 PCIe", "bf16", 756.0),
+        ("NVIDIA A100-SXM4-80GB", "bf16", 312.0),
+        ("NVIDIA H200", "fp32", None),  # the table is bf16 only
+        ("Tesla T4", "bf16", None),
+    ],
+)
+def test_the_cuda_peak_comes_from_the_table_by_device_name(monkeypatch, name, precision, peak):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    got, source = mfu.peak_tflops(torch.device("cuda"), precision, None)
+    assert got == peak and (source is None) == (peak is None)
+    assert mfu.peak_tflops(torch.device("cuda"), precision, 100.0) == (100.0, "--peak-tflops")
+    assert mfu.peak_tflops(torch.device("cpu"), "bf16", None) == (None, None)
+
+
+@pytest.mark.parametrize(("extra", "message"), [(["--steps", "0"], "--steps = 0"), (["--peak-tflops", "-1"], "> 0")])
+def test_bad_sizes_and_peaks_are_refused(tmp_path, extra, message):
+    with pytest.raises(ValueError, match=message):
+        mfu.run(args(*extra), tmp_path)
+
+
+def test_the_cli_runs_it_as_a_benchmark(tmp_path):
+    got = run_cli("bench", "mfu", *TINY, "--repeats", "1", "--out", str(tmp_path), cwd=REPO, timeout=120)
+    assert got.stdout.startswith("mfu: ") and "MFU not measured" in got.stdout
+    assert json.loads((tmp_path / "mfu.json").read_text())["benchmark"] == "mfu"
