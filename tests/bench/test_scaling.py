@@ -1,4 +1,6 @@
-"""`scalelab bench scaling` on tiny sizes: the JSON file's shape, the fits and the plot (not speed)."""
+"""`scalelab bench scaling` on tiny sizes: the JSON file's shape, the fits and the plot (not speed),
+including the two whole-command curves (a real study of 1 and 2 cells, reproduce of 10- and
+20-step runs)."""
 
 import json
 
@@ -9,8 +11,10 @@ from scalelab.cli import main
 
 TINY = ["--metrics", "1", "10", "--tracking-steps", "10", "--min-rows", "100", "--max-rows", "1000"]
 TINY += ["--min-params", "1000", "--max-params", "10000", "--repeats", "1"]
+TINY += ["--cells", "1", "2", "--run-steps", "10", "20"]
 
 
+@pytest.mark.integration
 def test_scaling_benchmark_writes_slopes_verdicts_plot_and_summary(workdir):
     assert main(["bench", "scaling", "--out", str(workdir / "bench"), *TINY]) == 0
     result = json.loads((workdir / "bench/scaling.json").read_text())
@@ -25,8 +29,15 @@ def test_scaling_benchmark_writes_slopes_verdicts_plot_and_summary(workdir):
         assert curve["growth"] in ("sub-linear", "linear", "worse than linear")
     assert (workdir / "bench/scaling.png").read_bytes()[:4] == b"\x89PNG"
     lines = stats.read_summary(workdir / "bench")
-    assert {f"scaling_{k}" for k in curves} | {f"scaling_{k}" for k in result["not_measured"]} == set(lines)
-    assert lines["scaling_study_wall_vs_cells"].endswith(": not measured")
+    assert {f"scaling_{k}" for k in curves} == set(lines) and "not_measured" not in result
+    assert curves["study_wall_vs_cells"]["sizes"] == [1, 2]
+    assert len(curves["study_wall_vs_cells"]["per_cell_s"]) == 2
+    rep = curves["reproduce_vs_run_length"]
+    assert rep["sizes"] == [10, 20] and rep["matched"] == [True, True]  # every reproduce matched its run
+    assert all(t > 0 for t in rep["train_s"]) and len(rep["fixed_s"]) == 2
+    for name in ("study_wall_vs_cells", "reproduce_vs_run_length"):
+        assert "log-log slope" in lines[f"scaling_{name}"] and "not measured" not in lines[f"scaling_{name}"]
+    assert "= training" in lines["scaling_reproduce_vs_run_length"]
     assert [p.name for p in (workdir / "bench").iterdir() if p.name.startswith(".")] == []  # work folder removed
 
 

@@ -82,7 +82,8 @@ def _workers_panels(ref: pd.DataFrame, singles: pd.DataFrame, ax1, ax2) -> None:
         workers = sorted(ticks)
         ax1.plot(workers, [base * w for w in workers], "k--", label=f"ideal ({singles.iloc[0]['name']} x workers)")
         tops += [base * w for w in workers]
-    for style, (_, single) in zip((":", "-."), singles.iloc[[0, -1]].drop_duplicates("name").iterrows()):
+    ends = singles.iloc[[0, -1]] if not singles.empty else singles  # a study may have no single cell
+    for style, (_, single) in zip((":", "-."), ends.drop_duplicates("name").iterrows()):
         ax1.axhline(single.samples_per_s_median, color="grey", linestyle=style, label=single["name"])
         tops.append(single.samples_per_s_median)
     ax2.axhline(1.0, color="k", linestyle="--", label="ideal")
