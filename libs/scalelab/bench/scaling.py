@@ -270,7 +270,7 @@ def plot(curves: dict[str, Any], path: Path) -> None:
 def run(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     """Measures, writes scaling.json, scaling.png and one summary line per curve."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".bench-scaling-", dir=out_dir))
+    work = Path(tempfile.mkdtemp(prefix=".bench-scaling-", dir=out_dir)).resolve()  # runs from other cwds
     try:
         curves = measure(args, work)
     finally:
