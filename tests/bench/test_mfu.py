@@ -80,9 +80,11 @@ def test_the_cuda_peak_comes_from_the_table_by_device_name(monkeypatch, name, pr
 
 
 @pytest.mark.parametrize(("extra", "message"), [(["--steps", "0"], "--steps = 0"), (["--peak-tflops", "-1"], "> 0")])
-def test_bad_sizes_and_peaks_are_refused(tmp_path, extra, message):
+def test_bad_sizes_and_peaks_are_refused_before_anything_runs(tmp_path, monkeypatch, extra, message):
+    monkeypatch.setattr(mfu.workloads, "load", lambda *a, **k: pytest.fail("the workload was built"))
     with pytest.raises(ValueError, match=message):
         mfu.run(args(*extra), tmp_path)
+    assert not (tmp_path / "mfu.json").exists()
 
 
 def test_the_cli_runs_it_as_a_benchmark(tmp_path):

@@ -78,10 +78,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def model_config(args: argparse.Namespace) -> dict[str, Any]:
-    """The gpt workload's model section from the command line."""
+    """The gpt workload's model section from the command line, after refusing bad sizes and peaks."""
     for key in ("steps", "repeats", "batch", "seq", "layers", "d_model", "vocab"):
         if getattr(args, key) < 1:
             raise ValueError(f"--{key.replace('_', '-')} = {getattr(args, key)} is not allowed: give a number >= 1")
+    if args.peak_tflops is not None and args.peak_tflops <= 0:
+        raise ValueError(f"--peak-tflops = {args.peak_tflops} is not allowed: give a peak > 0")
     heads = args.heads or max(1, args.d_model // 64)
     return {
         "vocab_size": args.vocab,
@@ -105,9 +107,7 @@ def analytic_flops_per_token(n_matmul: int, layers: int, d_model: int, seq: int)
 
 def peak_tflops(device: torch.device, precision: str, given: float | None) -> tuple[float | None, str]:
     """(peak TFLOP/s or None, where it came from)."""
-    if given is not None:
-        if given <= 0:
-            raise ValueError(f"--peak-tflops = {given} is not allowed: give a peak > 0")
+    if given is not None:  # checked > 0 by model_config, before anything runs
         return given, "--peak-tflops"
     if device.type == "cuda" and precision == "bf16":
         name = torch.cuda.get_device_name(device)
