@@ -61,10 +61,9 @@ def test_grad_accumulation_with_no_sync_matches_large_batch(workdir, prepared_di
         torch.testing.assert_close(weights(acc)[key], value, rtol=1e-4, atol=1e-5)
 
 
-def test_sigkill_then_resume_matches_uninterrupted_run(workdir, prepared_digits):
-    sections = {"train": {"epochs": 12, "checkpoint_every_steps": 20}}
-    ref = train(workdir, prepared_digits, out="ref", tracking={"enabled": False}, **sections)
-
+def sigkill_after_first_checkpoint(workdir, prepared_digits, sections):
+    """Starts `scalelab train --out killed` with `sections`, SIGKILLs its process group once a
+    checkpoint exists; returns (the checkpoint folder, the run id the killed job recorded)."""
     write_params(workdir / "params.yaml", tiny_params(**sections))
     cmd = [str(BIN / "scalelab"), "train", "--data", str(prepared_digits), "--out", "killed"]
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
@@ -80,6 +79,14 @@ def test_sigkill_then_resume_matches_uninterrupted_run(workdir, prepared_digits)
     assert list(ckpts.glob("step-*.pt")), "no checkpoint appeared before the kill"
     assert not (workdir / "killed" / "model.pt").exists(), "the run finished before the kill"
     run_id_before = json.loads((ckpts / "job.json").read_text())["run_id"]
+    return ckpts, run_id_before
+
+
+def test_sigkill_then_resume_matches_uninterrupted_run(workdir, prepared_digits):
+    sections = {"train": {"epochs": 12, "checkpoint_every_steps": 20}}
+    ref = train(workdir, prepared_digits, out="ref", tracking={"enabled": False}, **sections)
+
+    ckpts, run_id_before = sigkill_after_first_checkpoint(workdir, prepared_digits, sections)
 
     run_cli("train", "--data", str(prepared_digits), "--out", "killed", cwd=workdir)
     assert_same_weights(weights(ref), weights(workdir / "killed"))

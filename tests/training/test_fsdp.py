@@ -2,17 +2,13 @@
 one process and as ddp, grad accumulation, resume after SIGKILL, full-state checkpoints, reproduce."""
 
 import json
-import os
-import signal
-import subprocess
-import time
 
 import pytest
 import torch
 from mlflow import MlflowClient
-from test_ddp import assert_same_weights, train, weights
+from test_ddp import assert_same_weights, sigkill_after_first_checkpoint, train, weights
 
-from helpers import BIN, run_cli, tiny_params, training_pipeline, write_params
+from helpers import run_cli, tiny_params, training_pipeline
 
 pytestmark = pytest.mark.distributed
 
@@ -58,21 +54,7 @@ def test_fsdp_sigkill_then_resume_matches_uninterrupted_run(workdir, prepared_di
     sections = {"train": {**FSDP, "epochs": EPOCHS, "checkpoint_every_steps": 20}}
     ref = train(workdir, prepared_digits, out="ref", tracking={"enabled": False}, **sections)
 
-    write_params(workdir / "params.yaml", tiny_params(**sections))
-    cmd = [str(BIN / "scalelab"), "train", "--data", str(prepared_digits), "--out", "killed"]
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
-    proc = subprocess.Popen(
-        cmd, cwd=workdir, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    ckpts = workdir / "killed" / "checkpoints"
-    deadline = time.time() + 120
-    while not list(ckpts.glob("step-*.pt")) and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert list(ckpts.glob("step-*.pt")), "no checkpoint appeared before the kill"
-    assert not (workdir / "killed" / "model.pt").exists(), "the run finished before the kill"
-    run_id_before = json.loads((ckpts / "job.json").read_text())["run_id"]
+    ckpts, run_id_before = sigkill_after_first_checkpoint(workdir, prepared_digits, sections)
 
     resumed = max(int(p.stem.split("-")[1]) for p in ckpts.glob("step-*.pt"))
 
