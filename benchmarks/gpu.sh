@@ -11,21 +11,23 @@
 #
 #   benchmarks/gpu.sh                     # needs CUDA: exits 2 without it
 #   benchmarks/gpu.sh --dry-run --gpus 8  # prints the commands, runs nothing (works on CPU)
+#   benchmarks/gpu.sh --no-tracking       # a node without mlflow installed: the study logs no runs
 # Paths (--out, --params) are relative to the repository root.
 set -euo pipefail
 
 usage() {
     cat <<'USAGE'
-usage: benchmarks/gpu.sh [--dry-run] [--gpus N] [--out DIR] [--params FILE] [--skip-parity]
+usage: benchmarks/gpu.sh [--dry-run] [--gpus N] [--out DIR] [--params FILE] [--skip-parity] [--no-tracking]
   --dry-run      print the commands and exit 0; runs nothing and needs no GPU
   --gpus N       GPUs to use (default: every visible one; 8 in a dry run without CUDA)
   --out DIR      output folder (default results/bench)
   --params FILE  params whose `speedup` section is the workload (default params.yaml)
   --skip-parity  leave out the parity benchmark
+  --no-tracking  the study's params get tracking.enabled: false (no MLflow parent and cell runs)
 USAGE
 }
 
-DRY=0 GPUS="" OUT="results/bench" PARAMS="params.yaml" PARITY=1
+DRY=0 GPUS="" OUT="results/bench" PARAMS="params.yaml" PARITY=1 TRACKING=True
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --dry-run) DRY=1 ;;
@@ -33,6 +35,7 @@ while [[ $# -gt 0 ]]; do
         --out) [[ $# -ge 2 ]] || { echo "gpu.sh: error: --out needs a folder" >&2; exit 2; }; OUT="$2"; shift ;;
         --params) [[ $# -ge 2 ]] || { echo "gpu.sh: error: --params needs a file" >&2; exit 2; }; PARAMS="$2"; shift ;;
         --skip-parity) PARITY=0 ;;
+        --no-tracking) TRACKING=False ;;
         -h|--help) usage; exit 0 ;;
         *) echo "gpu.sh: error: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
     esac
@@ -76,15 +79,16 @@ run() {
 
 # the speedup section on CUDA at the chosen world sizes, every strategy and precision
 WRITE_PARAMS='import sys, yaml
-src, dst, sizes = sys.argv[1:4]
+src, dst, sizes, tracking = sys.argv[1:5]
 p = yaml.safe_load(open(src))
+p["tracking"]["enabled"] = tracking == "True"
 p["speedup"].update(device="cuda", precisions=["fp32", "bf16", "fp16"], strategies=["single", "dp", "ddp", "fsdp"],
                     world_sizes=[int(s) for s in sizes.split(",")])
 yaml.safe_dump(p, open(dst, "w"), sort_keys=False)'
 
 echo "gpu.sh: $GPUS GPU(s), world sizes $SIZES, out $OUT$([[ $DRY -eq 1 ]] && echo ' (dry run: nothing runs)')"
 run mkdir -p "$OUT/gpu"
-run "$PY" -c "$WRITE_PARAMS" "$PARAMS" "$OUT/gpu/params.yaml" "${SIZES// /}"
+run "$PY" -c "$WRITE_PARAMS" "$PARAMS" "$OUT/gpu/params.yaml" "${SIZES// /}" "$TRACKING"
 run timeout 420 "$PY" -m scalelab.cli speedup --params "$OUT/gpu/params.yaml" --out "$OUT/gpu/speedup"
 if [[ $PARITY -eq 1 ]]; then
     run timeout 120 "$PY" -m scalelab.cli bench parity --params "$PARAMS" --out "$OUT"
