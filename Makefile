@@ -30,9 +30,10 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# The embedded store, mlflow.db. (A shared server from `make mlflow-server` serves its own UI.)
+# The project's store (mlflow.db, or MLFLOW_TRACKING_URI); prints the address of the runs table.
+# (A shared server from `make mlflow-server` serves its own UI.)
 ui: setup
-	$(BIN)/mlflow ui --backend-store-uri "sqlite:///$(CURDIR)/mlflow.db" --host $(HOST) --port $(PORT) --workers 1
+	$(BIN)/scalelab ui --params params.yaml --host $(HOST) --port $(PORT)
 
 # A shared tracking server (see slurm/README.md): binds 127.0.0.1 unless HOST is given.
 mlflow-server: setup

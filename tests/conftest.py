@@ -8,13 +8,12 @@ tests call live in helpers.py.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from helpers import REPO
+from helpers import REPO, copy_repo
 
 
 @pytest.fixture
@@ -40,19 +39,7 @@ def prepared_digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def repo_copy(tmp_path: Path) -> Path:
     """A git-committed copy of the repo's tracked files (no results, no mlflow.db)."""
-    files = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True, text=True, check=True
-    ).stdout.split()
-    dest = tmp_path / "repo"
-    for rel in files:
-        if (REPO / rel).is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / rel, dest / rel)
-    git = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com"]
-    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=dest, check=True)
-    subprocess.run(["git", "add", "-A"], cwd=dest, check=True)
-    subprocess.run([*git, "commit", "-qm", "test copy"], cwd=dest, check=True)
-    return dest
+    return copy_repo(tmp_path / "repo")
 
 
 def _is_root() -> bool:

@@ -40,6 +40,25 @@ def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return base
 
 
+def copy_repo(dest: Path) -> Path:
+    """A git-committed copy of the repo's tracked and untracked-not-ignored files at `dest` (no
+    results, no mlflow.db); returns `dest`."""
+    import shutil
+
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    for rel in files:
+        if (REPO / rel).is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, dest / rel)
+    git = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com"]
+    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=dest, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=dest, check=True)
+    subprocess.run([*git, "commit", "-qm", "test copy"], cwd=dest, check=True)
+    return dest
+
+
 def write_params(path: Path, params: dict[str, Any]) -> Path:
     path.write_text(yaml.safe_dump(params, sort_keys=False))
     return path

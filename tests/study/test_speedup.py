@@ -39,6 +39,12 @@ COLUMNS = [
 ]
 
 
+def cell_result(folder, name):
+    """The cached result of cell `name` (`<name>-<16 hex key>.json`), read back from the cache."""
+    [path] = folder.glob(f"{name}-{'?' * 16}.json")
+    return json.loads(path.read_text())
+
+
 def study(workdir, **speedup):
     write_params(workdir / "params.yaml", tiny_params(speedup={**TINY, **speedup}))
     return run_cli("speedup", "--out", "results/speedup", cwd=workdir)
@@ -56,7 +62,7 @@ def test_study_outputs_and_mlflow(workdir):
     ok = frame[frame.status == "ok"]
     assert (ok.samples_per_s_min.astype(float) <= ok.samples_per_s_median.astype(float)).all()
     # speedup from the cells' own repeats, not from the report's code
-    cell = {n: json.loads((out / "cells" / f"{n}.json").read_text()) for n in ("single-t1", "ddp-w2")}
+    cell = {n: cell_result(out / "cells", n) for n in ("single-t1", "ddp-w2")}
     med = {n: statistics.median(c["samples_per_s"]) for n, c in cell.items()}
     assert float(by_name.loc["ddp-w2", "speedup"]) == pytest.approx(med["ddp-w2"] / med["single-t1"])
     # fsdp at both world sizes, with memory filled: two ranks hold half of each tensor
@@ -82,7 +88,19 @@ def test_study_outputs_and_mlflow(workdir):
     assert len(parents) == 1
     parent = parents[0]
     children = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
-    assert sorted(c.info.run_name for c in children) == sorted(f"{n}-seed0" for n in frame.name)
+    skipped = set(frame.name[frame.status == "skipped"])
+    assert sorted(c.info.run_name for c in children) == sorted(
+        f"{n}-seed0" + (" (skipped)" if n in skipped else "") for n in frame.name
+    )
+    for child in children:  # a skipped cell is not a green FINISHED; a measured one spans its timed steps
+        name = child.info.run_name.removesuffix(" (skipped)").removesuffix("-seed0")
+        if name in skipped:
+            assert child.info.status == "KILLED" and child.data.tags["scalelab.status"] == "skipped"
+            continue
+        timed = cell_result(out / "cells", name)
+        timed_ms = sum(timed["step_time_ms"]) * TINY["timed_steps"]  # every timed step, every repeat
+        assert child.info.status == "FINISHED"
+        assert child.info.end_time - child.info.start_time >= timed_ms, (name, child.info, timed_ms)
     assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {
         "speedup.csv",
         "speedup.md",

@@ -41,6 +41,12 @@ def params_tree(path: str | Path, sets: list[str]) -> dict[str, Any]:
 
 
 def write_params(path: Path, raw: dict[str, Any]) -> Path:
+    """Writes a params file that `scalelab` accepts: inside a repository (its folder gets a
+    `dvc.yaml` marker when no folder above holds one, as in a test's temporary folder)."""
+    from scalelab.runtime.paths import find_repo
+
+    if find_repo(path.parent) is None:
+        (path.parent / "dvc.yaml").write_text("stages: {}\n")
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
 

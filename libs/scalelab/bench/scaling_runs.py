@@ -81,7 +81,8 @@ def study_costs(cells: list[int], work: Path) -> dict[str, list[float]]:
         params = _base_params(PACKAGE_ROOT)
         params["speedup"].update(STUDY, batch_sizes=[STUDY_BATCH + i for i in range(n)])
         (folder / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-        wall_s, proc = _scalelab(["speedup", "--params", "params.yaml", "--out", "out"], folder, env)
+        args = ["speedup", "--params", "params.yaml", "--out", "out", "--cells", "cells"]  # a fresh cell cache
+        wall_s, proc = _scalelab(args, folder, env)
         if proc.returncode != 0:
             raise RuntimeError(f"scalelab speedup ({n} cells) exited {proc.returncode}: {_tail(proc)}")
         measured = proc.stderr.count("measuring ")
@@ -125,7 +126,8 @@ def _reproduce_costs(run_steps: list[int], repo: Path, work: Path) -> dict[str, 
     train_s, reproduce_s, steps, matched = [], [], [], []
     for n in run_steps:
         params = {**base, "train": {**base["train"], **RUN_TRAIN, "epochs": n // STEPS_PER_EPOCH}}
-        path = work / f"params-{n}.yaml"  # outside the copy: its tree stays clean
+        path = repo / "results" / f"params-{n}.yaml"  # in the copy (its repository), ignored by git: a clean tree
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(params, sort_keys=False))
         out = repo / f"results/train-{n}"
         args = ["train", "--params", str(path), "--data", "data/prepared", "--out", str(out.relative_to(repo))]

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from scalelab.bench import stats
+from scalelab.bench import pipeline, stats
 from scalelab.config import DataConfig, build
 from scalelab.data.prepare import prepare
 from scalelab.runtime.io import atomic_write_json
@@ -89,9 +89,7 @@ def _params(args: argparse.Namespace, folder: Path) -> Path:
         params["train"]["nproc_per_node"] = params["train"]["nproc_per_node"] if args.strategy == "ddp" else 1
     params["tracking"]["experiment"] = "bench-startup"
     params["tracking"]["enabled"] = not args.no_tracking
-    path = folder / "params.yaml"
-    path.write_text(yaml.safe_dump(params, sort_keys=False))
-    return path
+    return pipeline.write_params(folder / "params.yaml", params)
 
 
 def _scalelab(*args: str) -> list[str]:

@@ -32,7 +32,10 @@ def summary(results: Path) -> str:
             f"  train throughput {tr['samples_per_s']:,.0f} samples/s, "
             f"{tr['step_time_ms']:.2f} ms/step  (results/train/metrics.json)"
         )
-    if sp:
+    if sp:  # the headline carries the bootstrap intervals, and says "noisy" when the cells are
         lines.append(f"  speedup study   {sp.get('headline', '')}  (results/speedup/speedup.md)")
-    lines.append("  runs            make ui  ->  http://127.0.0.1:5000  (store: mlflow.db)")
+    run = _read(results / "train" / "run.json").get("run_id")
+    if run:
+        lines.append(f"  training run    {run}  (results/train/run.json)")
+    lines.append("  runs            make ui  (prints the address of the runs table; store: mlflow.db)")
     return "\n".join(lines)

@@ -19,7 +19,10 @@ def run(args: argparse.Namespace) -> int:
     from scalelab.training.submit import run_worker
 
     mark("worker_imported")
-    summary = run_worker(args.resolved, args.data, args.out)
+    try:
+        summary = run_worker(args.resolved, args.data, args.out)
+    except KeyboardInterrupt:  # Ctrl-C: the run is closed KILLED; `scalelab train` says so, once
+        return 130
     if summary.get("samples_per_s") and summary.get("run_id"):  # rank 0 holds the run
         logging.getLogger("scalelab").info(
             "trained %d steps: %.0f samples/s, %.2f ms/step",

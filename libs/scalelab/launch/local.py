@@ -73,15 +73,18 @@ def run_torchrun(args: list[str], *, nproc: int, threads_per_process: int, log_d
         proc = subprocess.Popen(cmd, env=worker_env(threads_per_process), stderr=subprocess.PIPE, text=True)
         tail: deque[str] = deque(maxlen=300)
         for line in proc.stderr:
-            sys.stderr.write(line)
+            if not got:  # once asked to stop, torchrun's own traceback is noise: the caller says what happened
+                sys.stderr.write(line)
             tail.append(line)
         code = proc.wait()
     finally:
         for signum, handler in old.items():
             signal.signal(signum, handler)
+    if got:
+        return got[0]
     if code != 0:
         raise LaunchError(describe_failure(list(tail), log_dir, code))
-    return got[0] if got else None
+    return None
 
 
 ROOT_CAUSE = re.compile(

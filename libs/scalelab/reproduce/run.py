@@ -168,6 +168,11 @@ def reproduce(run_id: str, *, data: str | None, keep: bool, rtol: float, atol: f
         raise CannotReproduce(f"run {run_id} is not in {mask_uri(tracking_uri())}: {mask_uri(str(exc))}") from None
     root = repo_root()
     data_dir = Path(data) if data else root / old.data.tags.get("data.path", "data/prepared")
+    if not data_dir.is_dir():
+        how = "--data" if data else f"the run's data.path {old.data.tags.get('data.path')!r} under {root}"
+        raise CannotReproduce(
+            f"the data folder {data_dir} ({how}) does not exist: run `dvc repro prepare` here, or pass --data"
+        )
     checks = verify_data(old.data.tags, data_dir.resolve())
     if any(c.status == "MISMATCH" for c in checks):
         return checks

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import socket
 import sys
 import time
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 
 class FolderBusy(RuntimeError):
@@ -23,10 +26,12 @@ class FolderBusy(RuntimeError):
 
 
 class FolderLock:
-    """`with FolderLock(folder):` holds `<folder>/.lock` (flock) until the block ends."""
+    """`with FolderLock(folder):` holds `<folder>/.lock` (flock) until the block ends. Busy: raises
+    FolderBusy, or with `wait` logs the holder and waits for it."""
 
-    def __init__(self, folder: str | Path) -> None:
+    def __init__(self, folder: str | Path, wait: bool = False) -> None:
         self.path = Path(folder) / ".lock"
+        self.wait = wait
         self._fh = None
 
     def __enter__(self) -> FolderLock:
@@ -37,10 +42,14 @@ class FolderLock:
         except BlockingIOError:
             fh.seek(0)
             holder = fh.read().strip() or "unknown"
-            fh.close()
-            raise FolderBusy(
-                f"{self.path.parent} is in use by another job ({holder}); wait for it to end or give another --out"
-            ) from None
+            if self.wait:
+                log.info("%s is in use by %s: waiting for it", self.path.parent, holder)
+                fcntl.flock(fh, fcntl.LOCK_EX)
+            else:
+                fh.close()
+                raise FolderBusy(
+                    f"{self.path.parent} is in use by another job ({holder}); wait for it to end or give another --out"
+                ) from None
         fh.seek(0)
         fh.truncate()
         fh.write(

@@ -1,4 +1,14 @@
-"""Where things are: the repository root, and the code folders each DVC stage depends on.
+"""Where things are: the repository, the tracking store's home, and the code folders each DVC
+stage depends on.
+
+Two roots, never the current directory by accident:
+- `repo_root()`: the workspace a command runs in, found from its params file (`use_repo_of`),
+  exported as SCALELAB_REPO so that every process the command starts agrees. Provenance (git),
+  relative data paths and cluster profiles are read there.
+- `store_root()`: where `mlflow.db`, `mlartifacts/` and the study's cell cache live: the main
+  repository. DVC runs queued and `--temp` experiments in a copy under `.dvc/tmp/exps/` that it
+  deletes afterwards, and sets DVC_ROOT to the main repository for every stage it runs; outside
+  DVC it is the workspace itself.
 
 What each result depends on is declared once, in dvc.yaml: a stage's `deps` list the code folders
 it runs. `stage_code(stage)` reads them back, so the training checkpoint fingerprint and the
@@ -18,10 +28,29 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[3]
 CODE_ROOTS = ("libs/", "experiments")
 
 
+REPO_ENV = "SCALELAB_REPO"  # the workspace, set by the command that read the params file
+DVC_ROOT_ENV = "DVC_ROOT"  # set by DVC for each stage: the main repository, also in a temp workspace
+
+
+def find_repo(start: str | Path) -> Path | None:
+    """The nearest folder at or above `start` that holds dvc.yaml, or None."""
+    here = Path(start).resolve()
+    return next((p for p in (here, *here.parents) if (p / "dvc.yaml").is_file()), None)
+
+
 def repo_root(start: str | Path | None = None) -> Path:
-    """The nearest folder above `start` (default: cwd) that holds dvc.yaml; else cwd."""
+    """The workspace: `start`'s repository when given, else SCALELAB_REPO, else cwd's repository
+    (else cwd)."""
+    if start is None and os.environ.get(REPO_ENV):
+        return Path(os.environ[REPO_ENV])
     here = Path(start or os.getcwd()).resolve()
-    return next((p for p in (here, *here.parents) if (p / "dvc.yaml").is_file()), here)
+    return find_repo(here) or here
+
+
+def store_root() -> Path:
+    """The main repository, home of the tracking store: DVC_ROOT under DVC, else `repo_root()`."""
+    dvc_root = os.environ.get(DVC_ROOT_ENV)
+    return Path(dvc_root).resolve() if dvc_root and Path(dvc_root).is_dir() else repo_root()
 
 
 def stage_code(stage: str, root: Path = PACKAGE_ROOT) -> list[str]:

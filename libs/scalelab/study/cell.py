@@ -180,10 +180,12 @@ def time_allreduce(spec: dict[str, Any]) -> dict[str, Any]:
 
 def measure(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
     """Runs the cell, then leaves the process group. Leaving only after the measurement's DDP
-    model is gone matters: a Reducer freed after its process group can deadlock on the GIL."""
+    model is gone matters: a Reducer freed after its process group can deadlock on the GIL.
+    `started_ms` and `ended_ms` (epoch) bound the measurement: the cell's MLflow run spans them."""
+    started_ms = int(time.time() * 1000)
     result = (time_allreduce if kind == "allreduce" else time_steps)(spec)
     dist.shutdown()
-    return result
+    return {**result, "started_ms": started_ms, "ended_ms": int(time.time() * 1000)}
 
 
 def main(kind: str, spec_path: str | Path, out_path: str | Path) -> None:

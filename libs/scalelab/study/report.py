@@ -120,16 +120,24 @@ def headline(cfg: SpeedupConfig, frame: pd.DataFrame) -> dict[str, Any]:
     if ddp.empty:
         return {"headline": "no ddp cell was measured", "baseline": cfg.baseline, "scaling": cfg.scaling}
     top = ddp.iloc[-1]
+    noisy = any(is_noisy(v) for v in [top.noisy, *seed_singles(frame, cfg.batch_sizes[0]).noisy])
     return {
         "ddp_world_size": int(top.world_size),
         "ddp_speedup": float(top.speedup),
+        "ddp_speedup_ci_low": float(top.speedup_ci_low),
+        "ddp_speedup_ci_high": float(top.speedup_ci_high),
         "ddp_efficiency": float(top.efficiency),
+        "ddp_efficiency_ci_low": float(top.efficiency_ci_low),
+        "ddp_efficiency_ci_high": float(top.efficiency_ci_high),
         "ddp_predicted_efficiency": float(top.predicted_efficiency),
         "ddp_samples_per_s": float(top.samples_per_s_median),
+        "noisy": noisy,
         "baseline": cfg.baseline,
         "scaling": cfg.scaling,
-        "headline": f"ddp x{int(top.world_size)}: {top.speedup:.2f}x vs {cfg.baseline}, "
-        f"efficiency {top.efficiency:.2f} ({cfg.scaling} scaling)",
+        "headline": f"ddp x{int(top.world_size)}: {top.speedup:.2f}x [{top.speedup_ci_low:.2f}, "
+        f"{top.speedup_ci_high:.2f}] vs {cfg.baseline}, efficiency {top.efficiency:.2f} "
+        f"[{top.efficiency_ci_low:.2f}, {top.efficiency_ci_high:.2f}] ({cfg.scaling} scaling)"
+        + (", noisy: the repeats spread by more than 10%" if noisy else ""),
     }
 
 
@@ -302,17 +310,23 @@ def log_study(
     """One parent run for the study; a nested child run per cell."""
     cfg = params.speedup
     tags = {"scalelab.kind": "study", "scalelab.study": "speedup"}
-    parent = MlflowTracker.open(params.tracking.experiment, run_name=f"speedup-{cfg.scaling}", tags=tags)
+    starts = [r["started_ms"] for r in results.values() if "started_ms" in r and not r.get("cached")]
+    parent = MlflowTracker.open(
+        params.tracking.experiment, run_name=f"speedup-{cfg.scaling}", tags=tags, start_ms=min(starts, default=None)
+    )
     parent.log_params(flatten({"speedup": to_dict(cfg)}))
     parent.log_metrics({k: v for k, v in head.items() if isinstance(v, (int, float))}, 0)
     for name in ("speedup.csv", "speedup.md", "speedup.png", "speedup.json", "scaling.csv", *BATCH_FILES):
         if (out / name).is_file():
             parent.log_artifact(out / name)
     for cell, (_, row) in zip(cells, frame.iterrows()):
+        res = results[cell.name]
+        skipped = row.status == "skipped"
         child = MlflowTracker.open(
             params.tracking.experiment,
-            run_name=f"{cell.name}-seed{cfg.seed}",
+            run_name=f"{cell.name}-seed{cfg.seed}" + (" (skipped)" if skipped else ""),
             parent_run_id=parent.run_id,
+            start_ms=res.get("started_ms"),  # the run spans the cell's measurement (cached: when it was made)
             tags={
                 **tags,
                 "scalelab.kind": "study-cell",
@@ -339,8 +353,8 @@ def log_study(
         )
         numbers = {k: row[k] for k in COLUMNS if isinstance(row[k], float) and row[k] == row[k]}
         child.log_metrics(numbers, 0)
-        res = results[cell.name]
         for i, (sps, ms) in enumerate(zip(res.get("samples_per_s", []), res.get("step_time_ms", []))):
             child.log_metrics({"repeat_samples_per_s": sps, "repeat_step_time_ms": ms}, i)
-        child.finish("FINISHED")
+        # a skipped cell never ran: KILLED, not a green FINISHED, with the reason in its name and tags
+        child.finish("KILLED" if skipped else "FINISHED", end_ms=res.get("ended_ms"))
     parent.finish("FINISHED")

@@ -2,10 +2,14 @@
 
     scalelab speedup --params params.yaml --out results/speedup
 
-Each cell's result is cached in `<out>/cells/<name>.json` under a key that hashes the cell, the
+Each cell's result is cached in `<cells>/<name>-<key>.json`, where the key hashes the cell, the
 measurement params, the code of every folder the DVC stage `speedup` depends on, and the hardware:
-changing one cell reruns that cell only. Cells run one after another here (timings must not
-overlap); `measure` takes the whole list so that the SLURM backend can submit them together.
+changing one cell reruns that cell only, and results of other code or params stay beside it. The
+cache (`cells_dir`) lives in the main repository, not in `--out`: a DVC experiment run in a
+temporary copy (`dvc exp run --queue`, `--temp`) finds the cells its baseline measured and
+measures none again unless its own `speedup.*`, code or hardware differ. Cells run one after
+another here, and one study at a time measures into a cache (timings must not overlap);
+`measure` takes the whole list so that the SLURM backend can submit them together.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from scalelab.launch import slurm
 from scalelab.launch.local import run_workers
 from scalelab.launch.shape import Capacity, local_capacity
 from scalelab.runtime.io import atomic_write_json
-from scalelab.runtime.paths import stage_code_digest
+from scalelab.runtime.lock import FolderLock
+from scalelab.runtime.paths import stage_code_digest, store_root
 from scalelab.study import report
 from scalelab.study.cell import CellJob
 from scalelab.study.plan import Cell, cell_key, plan
@@ -95,7 +100,7 @@ def run_pending(params: Params, cells: list[Cell], folder: Path, keys: dict[str,
     results: dict[str, dict] = {}
     pending = []
     for cell in cells:
-        cached = _cached(folder / f"{cell.name}.json", keys[cell.name])
+        cached = _cached(cached_path(folder, cell.name, keys[cell.name]), keys[cell.name])
         if cell.skipped:
             results[cell.name] = {"status": "skipped", "reason": cell.reason}
         elif cached:
@@ -106,9 +111,14 @@ def run_pending(params: Params, cells: list[Cell], folder: Path, keys: dict[str,
     for cell, result in zip(pending, measured, strict=True):
         result = {**result, "key": keys[cell.name]}
         if result["status"] == "ok":
-            atomic_write_json(folder / f"{cell.name}.json", result)
+            atomic_write_json(cached_path(folder, cell.name, keys[cell.name]), result)
         results[cell.name] = {**result, "cached": False}
     return {c.name: results[c.name] for c in cells}
+
+
+def cached_path(folder: Path, name: str, key: str) -> Path:
+    """Where the result of cell `name` under `key` is kept."""
+    return folder / f"{name}-{key}.json"
 
 
 def _cached(path: Path, key: str) -> dict | None:
@@ -129,7 +139,7 @@ def measure_allreduce(
         return None
     cell = max(ddp, key=lambda c: c.world_size)
     key = cell_key(params.speedup, cell, code + "allreduce", hardware)
-    path = folder / f"{cell.name}.allreduce.json"
+    path = cached_path(folder, f"{cell.name}.allreduce", key)
     cached = _cached(path, key)
     if cached:
         return cached
@@ -158,15 +168,21 @@ def where(params: Params) -> tuple[Capacity, dict[str, str]]:
     return local_capacity(), hw
 
 
-def run(params: Params, out_dir: str | Path) -> dict[str, Any]:
-    """Plans, measures (reusing cached cells), models and reports the study."""
+def cells_cache() -> Path:
+    """The default cell cache: `results/speedup/cells` of the main repository."""
+    return store_root() / "results" / "speedup" / "cells"
+
+
+def run(params: Params, out_dir: str | Path, cells_dir: str | Path | None = None) -> dict[str, Any]:
+    """Plans, measures (reusing cached cells from `cells_dir`, default `cells_cache()`), models
+    and reports the study."""
     out = Path(out_dir)
-    folder = out / "cells"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = Path(cells_dir) if cells_dir is not None else cells_cache()
     cap, hw = where(params)
     cells = plan(params.speedup, cap)
     code = stage_code_digest("speedup")
     keys = {c.name: cell_key(params.speedup, c, code, hw) for c in cells}
-    results = run_pending(params, cells, folder, keys)
-    comm = measure_allreduce(params, cells, results, folder, code, hw)
+    with FolderLock(folder, wait=True):  # another study measuring here: wait, then reuse its cells
+        results = run_pending(params, cells, folder, keys)
+        comm = measure_allreduce(params, cells, results, folder, code, hw)
     return report.write(params, cells, results, comm, hw, out)

@@ -228,10 +228,19 @@ def user_command() -> str:
             cmd = proc.cmdline()
             if any(os.path.basename(arg) == "scalelab" for arg in cmd[:2]):
                 found = cmd
+            elif cmd[1:3] == ["-m", "scalelab.cli"]:  # a `scalelab` that re-exec'd into its workspace
+                found = ["scalelab", *cmd[3:]]
             proc = proc.parent()
     except Exception:  # psutil missing, or a process vanished: fall back to our own argv
         found = None
     return shlex.join(found) if found else shlex.join(sys.argv)
+
+
+def dvc_info() -> dict[str, str]:
+    """The DVC stage and experiment that ran this job, from the variables DVC sets for a stage:
+    `dvc.exp_name` and `dvc.exp_baseline_rev` tell experiments apart in the UI."""
+    names = {"DVC_STAGE": "dvc.stage", "DVC_EXP_NAME": "dvc.exp_name", "DVC_EXP_BASELINE_REV": "dvc.exp_baseline_rev"}
+    return {tag: os.environ[var] for var, tag in names.items() if os.environ.get(var)}
 
 
 def pip_freeze() -> str:

@@ -12,20 +12,26 @@ blocks until everything is stored, in this process when no writer runs (evaluati
 it on success and on failure alike, so a killed run ends KILLED or FAILED, never RUNNING. What the
 store still refuses then is written to a file and sent later (scalelab.tracking.unsent).
 
-The store is `MLFLOW_TRACKING_URI` when set, else `mlflow.db` (SQLite) at the repository root.
+The store is `MLFLOW_TRACKING_URI` when set, else `mlflow.db` (SQLite) in the main repository
+(`runtime.paths.store_root`: never a DVC experiment's temporary copy, never the current directory
+by accident). With an SQLite store, a new experiment keeps its artifacts in `mlruns/` beside the
+database file, wherever the command runs from.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from scalelab.runtime.paths import repo_root
+from scalelab.runtime.paths import store_root
 from scalelab.tracking import unsent
 from scalelab.tracking.secrets import mask_uri
 from scalelab.tracking.writer import ProcessWriter, store
@@ -40,8 +46,27 @@ EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 
 
 def tracking_uri() -> str:
-    """MLFLOW_TRACKING_URI, else an absolute sqlite URI for mlflow.db at the repository root."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{repo_root() / 'mlflow.db'}"
+    """MLFLOW_TRACKING_URI, else an absolute sqlite URI for mlflow.db in the main repository."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{store_root() / 'mlflow.db'}"
+
+
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of an `sqlite:///` URI, else None."""
+    return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+
+
+@contextmanager
+def store_init_lock(uri: str) -> Iterator[None]:
+    """Held while this process first touches an SQLite store: two jobs started at once (queued DVC
+    experiments) must not both create its tables. A no-op for a server."""
+    db = sqlite_file(uri)
+    if db is None:
+        yield
+        return
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".init-lock"), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
 
 
 class Tracker:
@@ -88,8 +113,10 @@ class MlflowTracker(Tracker):
         tags: dict[str, Any] | None = None,
         run_id: str | None = None,
         parent_run_id: str | None = None,
+        start_ms: int | None = None,
     ) -> MlflowTracker:
-        """Starts a new run, or resumes `run_id` (its status goes back to RUNNING)."""
+        """Starts a new run (at `start_ms`, default now), or resumes `run_id` (its status goes back
+        to RUNNING)."""
         from mlflow import MlflowClient
 
         client = MlflowClient(tracking_uri())
@@ -99,9 +126,9 @@ class MlflowTracker(Tracker):
         tags = dict(tags or {})
         if parent_run_id:
             tags["mlflow.parentRunId"] = parent_run_id
-        run = client.create_run(
-            experiment_id(client, experiment), run_name=run_name, tags={k: str(v) for k, v in tags.items()}
-        )
+        with store_init_lock(client.tracking_uri):
+            exp = experiment_id(client, experiment)
+        run = client.create_run(exp, run_name=run_name, tags={k: str(v) for k, v in tags.items()}, start_time=start_ms)
         return cls(client, run.info.run_id)
 
     @classmethod
@@ -198,7 +225,9 @@ class MlflowTracker(Tracker):
         if rows:
             self._async_writer().submit(rows)
 
-    def finish(self, status: str | None = "FINISHED", spill_dir: str | Path | None = None) -> None:
+    def finish(
+        self, status: str | None = "FINISHED", spill_dir: str | Path | None = None, end_ms: int | None = None
+    ) -> None:
         """Stores what is buffered (waiting at most ~FINISH_WAIT_S in all), then sets the status
         (None: leaves it). Metrics the store did not take, a status it could not set, and tags and
         artifacts it refused are written to `<spill_dir>/unsent-metrics-<run>.json` (default: this
@@ -207,7 +236,7 @@ class MlflowTracker(Tracker):
         unset = status
         if not self._metrics:  # the store answers (else spill at once, within FINISH_WAIT_S)
             self._resend_refused()
-            unset = None if status is None or self._set_status(status) else status
+            unset = None if status is None or self._set_status(status, end_ms) else status
         if self._metrics or unset or self._unsent_tags or self._unsent_files:
             left = unsent.Unsent(self._metrics, unset, self._unsent_tags, self._unsent_files)
             self._metrics, self._unsent_tags, self._unsent_files = [], {}, {}
@@ -239,22 +268,38 @@ class MlflowTracker(Tracker):
                 path.write_bytes(data)
                 self.log_artifact(path, str(Path(name).parent) if "/" in name else None)
 
-    def _set_status(self, status: str) -> bool:
+    def _set_status(self, status: str, end_ms: int | None = None) -> bool:
         try:
-            self.client.set_terminated(self.run_id, status=status)
+            self.client.set_terminated(self.run_id, status=status, end_time=end_ms)
             return True
         except Exception as exc:
             log.warning("could not set run %s to %s: %s", self.run_id, status, mask_uri(str(exc))[:300])
             return False
 
 
+def runs_table(base_url: str, experiment: str) -> str:
+    """The address of `experiment`'s runs table in the MLflow UI's model-training view (created,
+    with the tag that makes the UI open it on its runs, if the store does not have it yet)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri())
+    with store_init_lock(client.tracking_uri):
+        exp = experiment_id(client, experiment)
+    for key, value in EXPERIMENT_TAGS.items():  # an experiment made before the tag existed
+        client.set_experiment_tag(exp, key, value)
+    return f"{base_url.rstrip('/')}/#/experiments/{exp}/runs?workflowType=machine_learning"
+
+
 def experiment_id(client: Any, name: str) -> str:
-    """The id of experiment `name`, created if missing (safe against a concurrent creator)."""
+    """The id of experiment `name`, created if missing (safe against a concurrent creator); with
+    an SQLite store its artifacts go to `mlruns/` beside the database, not under the cwd."""
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
+    db = sqlite_file(client.tracking_uri)
+    location = (db.parent / "mlruns").as_uri() if db is not None else None
     try:
-        return client.create_experiment(name, tags=EXPERIMENT_TAGS)
+        return client.create_experiment(name, artifact_location=location, tags=EXPERIMENT_TAGS)
     except Exception:
         exp = client.get_experiment_by_name(name)
         if exp is None:

@@ -7,7 +7,9 @@ kept. Each carries a fingerprint of what decides the final weights: the train pa
 the world size and the code of every folder the DVC stage `train` depends on (dvc.yaml). A
 checkpoint made under other params, data or code is never resumed from. `job.json` ties the
 folder to one fingerprint and one tracking run id, written before the first step, so a job killed
-before its first checkpoint still resumes into the same MLflow run.
+before its first checkpoint still resumes into the same MLflow run. Once the job has written its
+outputs, `job.json` says `finished`: only an interrupted job resumes; a rerun of a finished one
+(another cadence, `dvc repro -f`, a new experiment) trains anew into a new run.
 """
 
 from __future__ import annotations
@@ -106,22 +108,28 @@ class Checkpointer:
         meta = self.folder / "job.json"
         if meta.is_file():
             old = json.loads(meta.read_text())
-            if old.get("fingerprint") == self.fingerprint:
+            if old.get("fingerprint") == self.fingerprint and not old.get("finished"):
                 return old.get("run_id")
             # this job holds the output folder's lock (runtime.lock), so it owns what is in it
-            log.warning(
-                "removing %d checkpoint(s) of fingerprint %s from %s: they were made with other params, "
-                "data or code (this job's fingerprint is %s)",
-                len(self.steps()),
-                old.get("fingerprint"),
-                self.folder,
-                self.fingerprint,
-            )
+            if old.get("fingerprint") == self.fingerprint:
+                log.info("run %s in %s finished: training anew into a new run", old.get("run_id"), self.folder)
+            else:
+                log.warning(
+                    "removing %d checkpoint(s) of fingerprint %s from %s: they were made with other params, "
+                    "data or code (this job's fingerprint is %s)",
+                    len(self.steps()),
+                    old.get("fingerprint"),
+                    self.folder,
+                    self.fingerprint,
+                )
             shutil.rmtree(self.folder)
         return None
 
-    def record(self, run_id: str | None) -> None:
-        atomic_write_json(self.folder / "job.json", {"fingerprint": self.fingerprint, "run_id": run_id})
+    def record(self, run_id: str | None, finished: bool = False) -> None:
+        """Ties the folder to this fingerprint and run; `finished` once the job wrote its outputs."""
+        atomic_write_json(
+            self.folder / "job.json", {"fingerprint": self.fingerprint, "run_id": run_id, "finished": finished}
+        )
 
     def save(self, step: int, state: dict[str, Any]) -> Path:
         """Writes one checkpoint atomically and prunes all but the newest `keep`."""

@@ -14,6 +14,7 @@ import hashlib
 import io
 import logging
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -56,8 +57,10 @@ class NonFiniteLossError(RuntimeError):
 
 
 def run_name(params: Params, world_size: int) -> str:
+    """`ddp-w2-fp32-seed0`, with the DVC experiment's name after it when DVC runs one."""
     t = params.train
-    return f"{t.strategy}-w{world_size}-{t.precision}-seed{t.seed}"
+    exp = os.environ.get("DVC_EXP_NAME")
+    return f"{t.strategy}-w{world_size}-{t.precision}-seed{t.seed}" + (f"-{exp}" if exp else "")
 
 
 def open_tracker(
@@ -74,6 +77,7 @@ def open_tracker(
                 "scalelab.strategy": params.train.strategy,
                 "scalelab.workload": params.train.workload,
                 "scalelab.device": device.type,
+                **provenance.dvc_info(),
             }
             tracker = MlflowTracker.open(
                 params.tracking.experiment,
@@ -87,8 +91,9 @@ def open_tracker(
                     if params.tracking.run_id:  # a run made in advance (sweep element): tag it here
                         tracker.set_tags(tags)
                     log_run_inputs(tracker, params, env, nodes, data_dir)
-                else:  # a resumed job: record where and how often it restarted
-                    tracker.set_tags(provenance.launcher_info())
+                else:  # a resumed job: record where and how often it restarted, and what changed
+                    tracker.set_tags({**provenance.launcher_info(), **provenance.dvc_info()})
+                    log_resumed_params(tracker, params)
                     tracker.skip_stored()
             except BaseException:
                 close(tracker, "FAILED", ckpt.folder.parent)  # the run exists: it must not stay RUNNING
@@ -113,6 +118,19 @@ def log_run_inputs(
     tracker.log_dict(to_dict(params), "config.json")
     for name, text in artifacts.items():
         tracker.log_text(text, name)
+
+
+def log_resumed_params(tracker: Tracker, params: Params) -> None:
+    """A resume may change keys that cannot change the weights (cadence, tracking, profiling: the
+    checkpoint fingerprint leaves them out). MLflow params cannot change, so the new values go to
+    `resumed.<key>` tags and a new `config.json`."""
+    logged = tracker.client.get_run(tracker.run_id).data.params
+    now = {k: str(v) for k, v in flatten({k: v for k, v in to_dict(params).items() if k != "speedup"}).items()}
+    changed = {f"resumed.{k}": v for k, v in now.items() if k in logged and logged[k] != v}
+    if changed:
+        log.info("resuming run %s with %s", tracker.run_id, ", ".join(f"{k[8:]}={v}" for k, v in changed.items()))
+        tracker.set_tags(changed)
+        tracker.log_dict(to_dict(params), "config.json")
 
 
 def run(
@@ -260,6 +278,7 @@ def _train(
     summary["rank_weight_sha256"] = dist.all_gather_object(weights_digest(weights))
     if env.is_main and not stopped:
         _write_outputs(params, weights, manifest, out, summary, tracker, env)
+        ckpt.record(tracker.run_id, finished=True)  # a rerun trains anew: a finished job never resumes
     dist.barrier()
     mark("outputs_written")
     return summary

@@ -2,7 +2,8 @@
 
 A checkpoint holds each rank's open window (`window_state`): a job stopped between two logging
 steps resumes with the same partial loss sum, so the next window averages the same steps, in the
-same order, as an uninterrupted run would.
+same order, as an uninterrupted run would. It also holds the timed steps and seconds so far, so
+the whole job's throughput (`summary`) counts every try, not only the last one.
 """
 
 from __future__ import annotations
@@ -29,13 +30,15 @@ class Meter:
     def window_state(self) -> dict[str, Any]:
         """This rank's open window, for a checkpoint (tensors and ints only)."""
         loss_sum = None if self.loss_sum is None else self.loss_sum.detach().cpu()
-        return {"loss_sum": loss_sum, "steps": self.window_steps}
+        return {"loss_sum": loss_sum, "steps": self.window_steps, "timed": [self.timed_steps, self.timed_s]}
 
     def load_window(self, state: dict[str, Any] | None, device: torch.device) -> None:
-        """Reopens a window saved by `window_state` in an earlier try."""
+        """Reopens a window saved by `window_state` in an earlier try, and its timing totals."""
         if state and state["steps"]:
             self.loss_sum = state["loss_sum"].to(device)
             self.window_steps = self.untimed = state["steps"]
+        if state and "timed" in state:
+            self.timed_steps, self.timed_s = int(state["timed"][0]), float(state["timed"][1])
 
     def add(self, step: int, loss: torch.Tensor) -> None:
         self.loss_sum = loss if self.loss_sum is None else self.loss_sum + loss

@@ -76,7 +76,10 @@ def launch(params: Params, data_dir: str | Path, out_dir: str | Path) -> dict[st
         if t.launcher == "slurm":
             return run_slurm(params, profile, resolved, data_dir, out_dir)
         if t.strategy not in DISTRIBUTED:
-            return run_worker(resolved, data_dir, out_dir)
+            try:
+                return run_worker(resolved, data_dir, out_dir)
+            except KeyboardInterrupt:  # the job has closed its run KILLED
+                raise Interrupted(signal.SIGINT, out_dir, close_run(params, out_dir, "KILLED")) from None
         return run_local_ddp(params, resolved, data_dir, out_dir)
 
 
@@ -91,14 +94,31 @@ def run_local_ddp(params: Params, resolved: Path, data_dir: str | Path, out_dir:
     except LaunchError:
         close_run(params, out_dir, "FAILED")  # a rank died (even rank 0): the run must not stay RUNNING
         raise
-    if got is not None:  # the workers ended although the launcher was asked to stop
-        close_run(params, out_dir, "KILLED")
+    if got is not None:  # the launcher was asked to stop (Ctrl-C, a scheduler's SIGTERM)
+        raise Interrupted(got, out_dir, close_run(params, out_dir, "KILLED"))
     return {}
+
+
+class Interrupted(Exception):
+    """The job was stopped by a signal; one line says which run, its status and where it resumes."""
+
+    kind = "interrupted"  # the CLI's word for it, instead of "error"
+
+    def __init__(self, signum: int, out_dir: str | Path, status: str | None) -> None:
+        self.exit_status = 128 + signum  # 130 for Ctrl-C, as a shell reports it
+        meta = Path(out_dir) / "checkpoints" / "job.json"
+        run_id = json.loads(meta.read_text()).get("run_id") if meta.is_file() else None
+        steps = sorted(int(p.stem.split("-")[1]) for p in (Path(out_dir) / "checkpoints").glob("step-*.pt"))
+        where = f"resumes from step {steps[-1]}" if steps else "starts again from step 0 (no checkpoint yet)"
+        run = f"run {run_id} is {status or 'of unknown status (the tracking store did not answer)'}"
+        run = run if run_id else "no MLflow run was open"
+        super().__init__(f"{signal.Signals(signum).name}: {run}; rerun the same command (or `dvc repro`): it {where}")
 
 
 def close_run(params: Params, out_dir: str | Path, status: str) -> str | None:
     """Ends the job's MLflow run with `status` if it is still RUNNING (a rank died before it could);
-    returns the run id. The id is the one rank 0 recorded in <out>/checkpoints/job.json."""
+    returns the run's final status (None without a run, or when the store does not answer). The id
+    is the one rank 0 recorded in <out>/checkpoints/job.json."""
     meta = Path(out_dir) / "checkpoints" / "job.json"
     run_id = json.loads(meta.read_text()).get("run_id") if meta.is_file() else None
     if not params.tracking.enabled or not run_id:
@@ -109,9 +129,10 @@ def close_run(params: Params, out_dir: str | Path, status: str) -> str | None:
     try:
         if client.get_run(run_id).info.status == "RUNNING":
             client.set_terminated(run_id, status=status)
+        return client.get_run(run_id).info.status
     except Exception as exc:  # the store is down: say so, and let the job's own error through
         log.error("could not set run %s to %s in %s: %s", run_id, status, mask_uri(tracking_uri()), mask_uri(str(exc)))
-    return run_id
+    return None
 
 
 def run_worker(resolved: str | Path, data_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:

@@ -1,0 +1,39 @@
+"""`scalelab ui`: the MLflow UI on the project's store, opened on the experiment's runs table.
+
+    scalelab ui --params params.yaml --host 127.0.0.1 --port 5000     # what `make ui` runs
+
+It prints the address of the runs table in MLflow's model-training view (the UI otherwise opens on
+its GenAI home, where training runs do not show), then replaces itself with `mlflow ui` on the
+store that every stage writes to (the main repository's mlflow.db, or MLFLOW_TRACKING_URI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--params", default="params.yaml", help="its tracking.experiment is the one shown")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=5000)
+    parser.add_argument("--print-only", action="store_true", help="print the address and exit; start nothing")
+
+
+def run(args: argparse.Namespace) -> int:
+    from scalelab.config import load_params
+    from scalelab.tracking import tracking_uri
+    from scalelab.tracking.tracker import runs_table
+
+    experiment = load_params(args.params).tracking.experiment
+    uri = tracking_uri()
+    print(f"MLflow UI, experiment {experiment!r}: {runs_table(f'http://{args.host}:{args.port}', experiment)}")
+    if args.print_only:
+        return 0
+    sys.stdout.flush()
+    mlflow = str(Path(sys.executable).with_name("mlflow"))
+    cmd = [mlflow, "ui", "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port), "--workers", "1"]
+    os.execv(mlflow, cmd)
+    return 0  # not reached
