@@ -80,11 +80,12 @@ def run_cli(
 
 
 def training_pipeline(repo: Path, params: dict[str, Any], commit: bool = False) -> dict[str, Any]:
-    """Writes `params` without the speedup section and a dvc.yaml of prepare/train/evaluate only."""
+    """Writes `params` without the speedup section and a dvc.yaml of validate/prepare/train/evaluate."""
     params = {k: v for k, v in params.items() if k != "speedup"}
     write_params(repo / "params.yaml", params)
     stages = yaml.safe_load((repo / "dvc.yaml").read_text())
-    stages["stages"] = {k: v for k, v in stages["stages"].items() if k in ("prepare", "train", "evaluate")}
+    keep = ("validate", "prepare", "train", "evaluate")
+    stages["stages"] = {k: v for k, v in stages["stages"].items() if k in keep}
     (repo / "dvc.yaml").write_text(yaml.safe_dump(stages, sort_keys=False))
     if commit:
         subprocess.run(

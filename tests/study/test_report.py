@@ -7,6 +7,7 @@ skipped as on a CPU.
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -348,3 +349,23 @@ def test_mlflow_children_carry_the_axes_and_the_parent_the_batch_files(workdir):
     assert child.data.metrics["compile_s"] == pytest.approx(2.56)
     assert child.data.metrics["peak_mem_bytes_per_rank"] == 30 * 2**20
     assert child.data.metrics["break_even_steps"] == pytest.approx(200.0)
+
+
+def test_headline_and_summary_give_the_interval_and_say_noisy(tmp_path):
+    from scalelab.cli.summary import summary
+
+    cfg = speedup_cfg()
+    quiet = report.headline(cfg.speedup, frame_of())
+    assert "noisy" not in quiet["headline"] and quiet["noisy"] is False
+    low, high = quiet["ddp_speedup_ci_low"], quiet["ddp_speedup_ci_high"]
+    assert low <= quiet["ddp_speedup"] <= high and low < high
+    assert f"{quiet['ddp_speedup']:.2f}x [{low:.2f}, {high:.2f}]" in quiet["headline"]
+
+    cells, results = grid()
+    ddp = cell_of("ddp-w2")
+    results[ddp.name] = result(ddp, SPS["ddp-w2"], factors=(0.8, 1.0, 1.2))  # a 40% spread
+    loud = report.headline(cfg.speedup, measured.table(cfg.speedup, cells, results, None))
+    assert loud["noisy"] is True and loud["headline"].endswith("noisy: the repeats spread by more than 10%")
+    (tmp_path / "speedup").mkdir()
+    (tmp_path / "speedup/speedup.json").write_text(json.dumps(loud))
+    assert f"speedup study   {loud['headline']}" in summary(tmp_path)
