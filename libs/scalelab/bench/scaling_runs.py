@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ import yaml
 from scalelab.bench.dvc_repro import copy_repo
 from scalelab.config import DataConfig, build
 from scalelab.data.prepare import prepare
+from scalelab.launch.local import worker_command
 from scalelab.runtime.paths import PACKAGE_ROOT
 from scalelab.training.plan import RESOLVED_FILE, RUN_FILE
 
@@ -62,8 +62,7 @@ def _base_params(root: Path) -> dict[str, Any]:
 def _scalelab(args: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, subprocess.CompletedProcess]:
     """Runs `scalelab ARGS` as a fresh process; returns (wall seconds, the finished process)."""
     start = time.perf_counter()
-    cmd = [sys.executable, "-m", "scalelab.cli", *args]
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    proc = subprocess.run(worker_command(args), cwd=cwd, env=env, capture_output=True, text=True)
     return time.perf_counter() - start, proc
 
 
