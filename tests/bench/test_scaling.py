@@ -1,8 +1,9 @@
 """`scalelab bench scaling` on tiny sizes: the JSON file's shape, the fits and the plot (not speed).
 
 The whole-file test runs the in-process curves for real and gives the two whole-command curves
-known figures; each of those runs for real, once, at one size, in a test of its own: a real study
-of 2 cells, and `reproduce` of a 10-step run. (The slope of a curve is `fit`'s, tested below.)"""
+known figures. Those two run for real once, at one size each, in one test sharing one MLflow
+store as the benchmark does: a study of 1 cell, and `reproduce` of a 10-step run. That a study of
+N cells is N distinct cells is checked on its plan; the slope of a curve is `fit`'s (below)."""
 
 import csv
 import json
@@ -12,6 +13,9 @@ import pytest
 
 from scalelab.bench import scaling, scaling_runs, stats
 from scalelab.cli import main
+from scalelab.config import parse_params
+from scalelab.launch.shape import local_capacity
+from scalelab.study.plan import plan
 
 TINY = ["--metrics", "1", "10", "--tracking-steps", "10", "--min-rows", "100", "--max-rows", "1000"]
 TINY += ["--min-params", "1000", "--max-params", "10000", "--repeats", "1"]
@@ -60,19 +64,21 @@ def test_scaling_benchmark_writes_slopes_verdicts_plot_and_summary(workdir, monk
     assert [p.name for p in (workdir / "bench").iterdir() if p.name.startswith(".")] == []  # work folder removed
 
 
-@pytest.mark.integration
-def test_the_study_curve_times_a_real_study_of_the_asked_number_of_cells(tmp_path):
-    got = scaling_runs.study_costs([2], tmp_path)  # raises unless the study measured exactly 2 cells
-    assert got["wall_s"][0] > 0 and got["per_cell_s"] == [got["wall_s"][0] / 2]
-    with (tmp_path / "study-2/out/speedup.csv").open() as f:  # the study's own table: two measured cells
-        assert [(row["name"], row["status"]) for row in csv.DictReader(f)] == [("ddp-w1", "ok"), ("ddp-w1-b65", "ok")]
+def test_a_study_of_n_cells_plans_n_distinct_runnable_cells():
+    cells = plan(parse_params(scaling_runs.study_params(4), "params").speedup, local_capacity())
+    assert [c.name for c in cells] == ["ddp-w1", "ddp-w1-b65", "ddp-w1-b66", "ddp-w1-b67"]
+    assert not [c for c in cells if c.skipped]
 
 
 @pytest.mark.integration
-def test_the_reproduce_curve_retrains_a_real_run_and_matches_it(tmp_path):
-    got = scaling_runs.reproduce_costs([10], tmp_path)
-    assert got["steps"] == [10] and got["matched"] == [True]  # the run planned 10 steps; reproduce matched
-    assert 0 < got["train_s"][0] and 0 < got["reproduce_s"][0]
+def test_the_whole_command_curves_time_a_real_study_and_a_real_reproduce(tmp_path):
+    study = scaling_runs.study_costs([1], tmp_path)  # raises unless the study measured exactly 1 cell
+    assert study["wall_s"][0] > 0 and study["per_cell_s"] == study["wall_s"]
+    with (tmp_path / "study-1/out/speedup.csv").open() as f:  # the study's own table: the cell ran
+        assert [(row["name"], row["status"]) for row in csv.DictReader(f)] == [("ddp-w1", "ok")]
+    rep = scaling_runs.reproduce_costs([10], tmp_path)  # the same MLflow store, as in the benchmark
+    assert rep["steps"] == [10] and rep["matched"] == [True]  # the run planned 10 steps; reproduce matched
+    assert 0 < rep["train_s"][0] and 0 < rep["reproduce_s"][0]
 
 
 def test_run_lengths_that_are_not_whole_epochs_are_refused_before_anything_runs(tmp_path):

@@ -70,6 +70,13 @@ def _tail(proc: subprocess.CompletedProcess) -> str:
     return " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-6:])[-1500:]
 
 
+def study_params(cells: int) -> dict[str, Any]:
+    """params.yaml for a study of `cells` cells: STUDY at batch sizes STUDY_BATCH, +1, ..."""
+    params = _base_params(PACKAGE_ROOT)
+    params["speedup"].update(STUDY, batch_sizes=[STUDY_BATCH + i for i in range(cells)])
+    return params
+
+
 def study_costs(cells: list[int], work: Path) -> dict[str, list[float]]:
     """Wall time of a whole `scalelab speedup` with N cells, each study in a fresh folder."""
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}"}
@@ -77,9 +84,7 @@ def study_costs(cells: list[int], work: Path) -> dict[str, list[float]]:
     for n in cells:
         folder = work / f"study-{n}"
         folder.mkdir()
-        params = _base_params(PACKAGE_ROOT)
-        params["speedup"].update(STUDY, batch_sizes=[STUDY_BATCH + i for i in range(n)])
-        (folder / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+        (folder / "params.yaml").write_text(yaml.safe_dump(study_params(n), sort_keys=False))
         wall_s, proc = _scalelab(["speedup", "--params", "params.yaml", "--out", "out"], folder, env)
         if proc.returncode != 0:
             raise RuntimeError(f"scalelab speedup ({n} cells) exited {proc.returncode}: {_tail(proc)}")
