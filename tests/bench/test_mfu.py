@@ -3,6 +3,7 @@ peak, the CUDA peak table, the summary line. No speed assertions."""
 
 import argparse
 import json
+import statistics
 
 import pytest
 import torch
@@ -32,12 +33,18 @@ def test_without_a_peak_it_records_flops_and_leaves_mfu_null(tmp_path):
     assert on_disk["device"].startswith("cpu") and on_disk["precision"] == "fp32" and on_disk["repeats"] == 2
     assert len(on_disk["step_time_s"]) == 2 and on_disk["step_time_s_median"] > 0
     assert on_disk["config"]["layers"] == 2 and on_disk["config"]["heads"] == 1  # d_model 64 / 64
-    # 6*N + 12*L*d*T per token, N without the two embedding tables, times batch*seq tokens
-    n = on_disk["params"] - 128 * 64 - 32 * 64
-    assert on_disk["matmul_params"] == n
-    assert on_disk["flops_per_step_analytic"] == (6 * n + 12 * 2 * 64 * 32) * 2 * 32
+    # experiments/gpt.py at d 64, 2 layers, vocab 128, seq 32, MLP 4x, counted by hand: a block has
+    # 2 LayerNorms (2 x 2d), qkv (d x 3d + 3d), proj (d x d + d), MLP (d x 4d + 4d, 4d x d + d)
+    d = 64
+    block = 2 * 2 * d + (d * 3 * d + 3 * d) + (d * d + d) + (d * 4 * d + 4 * d) + (4 * d * d + d)
+    n = 2 * block + 2 * d + d * 128  # blocks, the final LayerNorm, the untied head (no bias)
+    assert on_disk["matmul_params"] == n == 108_288
+    assert on_disk["params"] == n + 128 * d + 32 * d  # and the token and position embeddings
+    # 6*N + 12*L*d*T per token, times batch*seq tokens
+    assert on_disk["flops_per_step_analytic"] == (6 * n + 12 * 2 * d * 32) * 2 * 32
+    assert on_disk["step_time_s_median"] == statistics.median(on_disk["step_time_s"])
     assert on_disk["achieved_tflops"] == pytest.approx(
-        on_disk["flops_per_step_analytic"] / on_disk["step_time_s_median"] / 1e12
+        on_disk["flops_per_step_analytic"] / statistics.median(on_disk["step_time_s"]) / 1e12
     )
     assert on_disk["mfu"] is None and on_disk["peak_tflops"] is None
     assert on_disk["mfu_reason"] == "peak FLOP/s unknown for this device; pass --peak-tflops"

@@ -1,6 +1,7 @@
 """`scalelab bench profiler` on a tiny training: the JSON's shape and the summary line (no speed)."""
 
 import json
+import time
 
 from helpers import REPO
 from scalelab.bench import stats
@@ -23,7 +24,9 @@ TINY = [
 
 
 def test_profiler_benchmark_times_whole_runs_with_the_profiler_on_and_off(workdir, capsys):
+    start = time.monotonic()
     assert main(["bench", "profiler", "--out", str(workdir / "bench"), *TINY]) == 0
+    elapsed_s = time.monotonic() - start
     assert "profiler overhead:" in capsys.readouterr().out
     result = json.loads((workdir / "bench/profiler_overhead.json").read_text())
     assert result["benchmark"] == "profiler_overhead" and "alternating" in result["method"]
@@ -33,6 +36,9 @@ def test_profiler_benchmark_times_whole_runs_with_the_profiler_on_and_off(workdi
     assert on[0]["traces"] == 1 and on[0]["trace_bytes"] > 0  # the profiler really ran in `on` ...
     assert off[0]["traces"] == 0  # ... and not in `off`
     assert on[0]["steps"] == off[0]["steps"] > 0
+    assert (
+        0 < on[0]["wall_s"] and 0 < off[0]["wall_s"] and on[0]["wall_s"] + off[0]["wall_s"] < elapsed_s
+    )  # our stopwatch
     assert result["median_ratio"] == on[0]["wall_s"] / off[0]["wall_s"]
     assert result["ci95"][0] <= result["median_ratio"] <= result["ci95"][1]
     assert on[0]["cpu_s"] > 0 and result["cpu_time"]["median_ratio"] == on[0]["cpu_s"] / off[0]["cpu_s"]

@@ -2,6 +2,9 @@
 comparison with an earlier commit's figures (not their speed)."""
 
 import json
+import time
+
+import pytest
 
 from helpers import REPO
 from scalelab.bench import startup, stats
@@ -16,13 +19,20 @@ def test_startup_benchmark_times_every_phase_of_a_real_train_run(workdir):
     (out / "startup.json").write_text(json.dumps({"current": earlier, "previous": None}))
     args = ["bench", "startup", "--out", str(out), "--params", str(REPO / "params.yaml"), "--repeats", "1"]
     args += ["--epochs", "1", "--strategy", "single", "--no-tracking"]  # the quickest real run
+    start = time.monotonic()
     assert main(args) == 0
+    elapsed_s = time.monotonic() - start
     result = json.loads((out / "startup.json").read_text())
     assert result["benchmark"] == "startup" and "SCALELAB_TIMINGS" in result["method"]
     med = result["current"]["median_s"]
     for name, _, _ in startup.BEFORE + startup.AFTER:
         assert med[name] >= 0, name
-    assert 0 < med["to_first_step"] < med["wall"] and med["steps"] > 0 and med["fixed"] == med["wall"] - med["steps"]
+    # one repeat: its marks (s since the process start) are the figures
+    marks = result["raw_marks_s"][0]
+    assert med["to_first_step"] == marks["first_step"] and med["wall"] == marks["end"] < elapsed_s  # our stopwatch
+    assert med["steps"] == marks["last_step"] - marks["first_step"] > 0
+    assert med["fixed"] == pytest.approx(marks["end"] - (marks["last_step"] - marks["first_step"]))
+    assert 0 < med["to_first_step"] < med["wall"]
     assert med["writer_start_ms"] == 0 and result["params"]["tracking"] is False  # no tracking: no writer
     assert len(result["current"]["repeats_s"]) == 1 and len(result["raw_marks_s"]) == 1
     assert result["largest_fixed_cost"]["median_s"] == max(med[n] for n, _, _ in startup.BEFORE + startup.AFTER)

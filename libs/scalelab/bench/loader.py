@@ -2,9 +2,10 @@
 
     scalelab bench loader --out results/bench     # -> results/bench/loader.json
 
-One rank by hand (what `run` starts: under torchrun for ddp, as one process otherwise):
+The ranks run through launch.local.run_ranks (under torchrun for ddp, as one process otherwise);
+one by hand, with a spec.json that `run` wrote:
 
-    torchrun --standalone --nproc-per-node 2 -m scalelab.bench.loader SPEC.json OUT.json
+    torchrun --standalone --nproc-per-node 2 -m scalelab.cli bench-worker loader --spec SPEC.json --out OUT.json
 
 The method is METHOD below; the JSON file carries it.
 """
@@ -12,18 +13,18 @@ The method is METHOD below; the JSON file carries it.
 from __future__ import annotations
 
 import argparse
-import json
-import os
+import itertools
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from scalelab.bench import pipeline, stats
+from scalelab.launch.local import LaunchError, run_ranks
 from scalelab.runtime.io import atomic_write_json
+from scalelab.runtime.repeats import timed_repeats
 
 METHOD = """\
 The pipeline's default training job (params.yaml `train`, changed only by `--set`): its strategy
@@ -78,7 +79,7 @@ def _rank_times(spec: dict[str, Any], train: Any, env: Any, device: Any) -> tupl
     """This rank's interleaved repeats; returns (times per arm, plan). The model and its DDP reducer
     are freed when this returns, before the process group goes (or exit can deadlock)."""
     from scalelab.data.store import load_split, verify
-    from scalelab.runtime import dist, seeds
+    from scalelab.runtime import seeds
     from scalelab.training import workloads
     from scalelab.training.loop import Optim, build_loop
     from scalelab.training.plan import RunPlan
@@ -93,21 +94,21 @@ def _rank_times(spec: dict[str, Any], train: Any, env: Any, device: Any) -> tupl
     optim = Optim(name=train.optimizer, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)
     loop = build_loop(wl, device, strategy_name=train.strategy, precision=train.precision, optim=optim)
     _epoch(loop, x, y, plan, env, train.seed, 0, 0)  # warm-up: first-touch of model and optimizer state
-    arms = [str(w) for w in spec["workers"]]
-    times: dict[str, list[list[float]]] = {arm: [] for arm in arms}
-    epoch = 1
-    for rep in range(spec["repeats"]):
-        for arm in arms if rep % 2 == 0 else arms[::-1]:
-            dist.barrier()
-            total = [0.0, 0.0, 0.0]
-            for _ in range(spec["epochs"]):
-                total = [t + s for t, s in zip(total, _epoch(loop, x, y, plan, env, train.seed, int(arm), epoch))]
-                epoch += 1
-            times[arm].append(total)
+    epochs, epoch = spec["epochs"], itertools.count(1)  # every epoch its own sampler order
+    figures: dict[str, list[list[float]]] = {str(w): [] for w in spec["workers"]}
+
+    def arm(workers: str) -> Callable[[int], None]:
+        return lambda i: figures[workers].append(_epoch(loop, x, y, plan, env, train.seed, int(workers), next(epoch)))
+
+    timed_repeats({w: arm(w) for w in figures}, repeats=spec["repeats"], steps=epochs)
+    times = {  # summed over each repeat's epochs
+        w: [[sum(col) for col in zip(*f[r * epochs : (r + 1) * epochs])] for r in range(spec["repeats"])]
+        for w, f in figures.items()
+    }
     return times, plan
 
 
-def measure(spec: dict[str, Any]) -> dict[str, Any]:
+def measure_rank(spec: dict[str, Any]) -> dict[str, Any]:
     """Interleaved repeats of every arm on this rank; returns [wait_s, compute_s, first_wait_s]
     summed over epochs, per arm and repeat, for every rank."""
     from scalelab.config import parse_params
@@ -136,13 +137,6 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def main(spec_path: str, out_path: str) -> None:
-    spec = json.loads(Path(spec_path).read_text())
-    result = measure(spec)
-    if result.pop("is_main"):
-        atomic_write_json(out_path, result)
-
-
 # ---- the benchmark (runs in `scalelab bench loader`) ----
 
 
@@ -152,18 +146,12 @@ def measure_job(args: argparse.Namespace, work: Path) -> tuple[dict[str, Any], d
     train = pipeline.parsed(raw).train
     data = pipeline.prepare_data(raw, work / "prepared")
     spec = {"params": raw, "data": str(data), "workers": args.workers, "repeats": args.repeats, "epochs": args.epochs}
-    spec_path, out_path = work / "loader.spec.json", work / "loader.out.json"
-    atomic_write_json(spec_path, spec)
-    worker = ["-m", "scalelab.bench.loader", str(spec_path), str(out_path)]
-    nproc = train.nproc_per_node if train.strategy == "ddp" else 1
-    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-    cmd = [sys.executable, *(launcher if train.strategy == "ddp" else []), *worker]
-    env = {**os.environ, "OMP_NUM_THREADS": str(train.threads_per_process)}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0 or not out_path.is_file():
-        tail = " | ".join(proc.stderr.strip().splitlines()[-5:])
-        raise RuntimeError(f"loader benchmark: {' '.join(cmd)} exited {proc.returncode}: {tail[-800:]}")
-    return raw, json.loads(out_path.read_text())
+    nproc = train.nproc_per_node if train.strategy == "ddp" else None
+    ranks = {"nproc": nproc, "threads_per_process": train.threads_per_process}
+    try:
+        return raw, run_ranks(["bench-worker", "loader"], spec, work, "loader", **ranks)
+    except LaunchError as exc:
+        raise LaunchError(f"loader benchmark ({train.strategy} ranks): {exc}") from exc
 
 
 def summarize(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
@@ -220,7 +208,3 @@ def run(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
 def headline(result: dict, out: Path) -> str:
     parts = [f"num_workers {arm}: {100 * a['wait_fraction']:.1f}%" for arm, a in result["num_workers"].items()]
     return f"loader: step time waiting for data, {'; '.join(parts)} -> {out / OUT_FILE}"
-
-
-if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])

@@ -10,7 +10,6 @@ The method is METHOD below; the JSON file (mfu.json) carries it.
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 from scalelab.bench import stats
 from scalelab.runtime import seeds
 from scalelab.runtime.io import atomic_write_json
+from scalelab.runtime.repeats import repeat_totals, timed_repeats
 from scalelab.training import workloads
 from scalelab.training.loop import Optim, build_loop
 
@@ -123,11 +123,6 @@ def device_name(device: torch.device) -> str:
     return f"cpu: {stats.machine()['cpu']}, {torch.get_num_threads()} torch threads"
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Builds the workload and its loop, counts one step's FLOPs, times the repeats."""
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -143,15 +138,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         loop.step([pool[i % 2]])
     with FlopCounterMode(display=False, custom_mapping=CPU_SDPA) as counter:
         loop.step([pool[0]])
-    _sync(device)
-    step_s = []
-    for _ in range(args.repeats):
-        _sync(device)
-        start = time.perf_counter()
-        for i in range(args.steps):
-            loss = loop.step([pool[i % 2]])
-        _sync(device)
-        step_s.append((time.perf_counter() - start) / args.steps)
+    last: dict[str, torch.Tensor] = {}
+    timed = timed_repeats(
+        {"step": lambda i: last.update(loss=loop.step([pool[i % 2]]))},
+        repeats=args.repeats,
+        steps=args.steps,
+        device=device,
+    )
+    step_s = [total / args.steps for total in repeat_totals(timed["step"])]
     n_matmul = matmul_params(wl.model)
     tokens = args.batch * args.seq
     return {
@@ -162,7 +156,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "flops_per_step_analytic": analytic_flops_per_token(n_matmul, args.layers, args.d_model, args.seq) * tokens,
         "flops_per_step_counted": int(counter.get_total_flops()),
         "step_time_s": step_s,
-        "final_loss": float(loss),
+        "final_loss": float(last["loss"]),
         "device": device,
     }
 

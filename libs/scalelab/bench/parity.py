@@ -2,10 +2,11 @@
 
     scalelab bench parity --out results/bench     # -> results/bench/parity.json
 
-One rank of a strategy by hand (what `run` starts, once per strategy):
+The ranks of a strategy run through launch.local.run_ranks, once per strategy; by hand, with a
+spec.json that `run` wrote:
 
-    python -m scalelab.bench.parity SPEC.json OUT.json                       # single
-    torchrun --standalone --nproc-per-node 2 -m scalelab.bench.parity SPEC.json OUT.json   # ddp
+    python -m scalelab.cli bench-worker parity --spec SPEC.json --out OUT.json      # single
+    torchrun --standalone --nproc-per-node 2 -m scalelab.cli bench-worker parity --spec SPEC.json --out OUT.json
 
 The method is METHOD below; the JSON file carries it.
 """
@@ -13,12 +14,7 @@ The method is METHOD below; the JSON file carries it.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +22,11 @@ import torch
 
 from scalelab.bench import plain_loop, stats
 from scalelab.config import load_params, to_dict
+from scalelab.launch.local import LaunchError, run_ranks
 from scalelab.runtime import dist, seeds
 from scalelab.runtime.device import setup_process
 from scalelab.runtime.io import atomic_write_json
+from scalelab.runtime.repeats import repeat_totals, slowest_rank, timed_repeats
 from scalelab.training import workloads
 from scalelab.training.loop import Optim, build_loop
 
@@ -143,19 +141,11 @@ def _compare(arms: dict[str, Any]) -> dict[str, Any]:
 
 
 def _timed(arms: dict[str, Any], batches: list[Any], spec: dict[str, Any]) -> dict[str, list[float]]:
-    """Per-repeat seconds of each arm on this rank, the arms interleaved step by step."""
-    times: dict[str, list[float]] = {name: [] for name in ARMS}
-    for rep in range(spec["repeats"]):
-        spent = dict.fromkeys(ARMS, 0.0)
-        for i in range(spec["steps"]):  # step by step, so that a burst of load hits both arms
-            for name in ARMS if (rep + i) % 2 == 0 else ARMS[::-1]:
-                dist.barrier()
-                start = time.perf_counter()
-                arms[name].step(*batches[i % len(batches)])
-                spent[name] += time.perf_counter() - start
-        for name in ARMS:
-            times[name].append(spent[name])
-    return times
+    """Per-repeat seconds of each arm on this rank, the arms interleaved step by step (so that a
+    burst of load hits both arms), each step after a barrier."""
+    steps = {name: (lambda i, arm=arms[name]: arm.step(*batches[i % len(batches)])) for name in ARMS}
+    times = timed_repeats(steps, repeats=spec["repeats"], steps=spec["steps"], interleave="step")
+    return {name: repeat_totals(times[name]) for name in ARMS}
 
 
 def _measure_arms(spec: dict[str, Any], strategy: str, device: torch.device, rank: int) -> dict[str, Any]:
@@ -179,29 +169,23 @@ def _measure_arms(spec: dict[str, Any], strategy: str, device: torch.device, ran
     }
 
 
-def measure(spec: dict[str, Any], strategy: str) -> dict[str, Any]:
-    """Bitwise check, then interleaved timed repeats; returns per-repeat step times (s), all ranks."""
+def measure_rank(spec: dict[str, Any]) -> dict[str, Any]:
+    """Bitwise check, then interleaved timed repeats; returns per-repeat step times (s) of the
+    slowest rank, and every rank's weight check."""
     env = dist.read_env()
     device = setup_process(env, device="cpu", threads=1, timeout_s=spec.get("collective_timeout_s", 120.0))
-    mine = _measure_arms(spec, strategy, device, env.rank)
-    ranks = dist.all_gather_object(mine)
-    slowest = {name: [max(r) / spec["steps"] for r in zip(*(rank["times"][name] for rank in ranks))] for name in ARMS}
+    mine = _measure_arms(spec, spec["strategy"], device, env.rank)
+    checks = dist.all_gather_object(mine["check"])
+    slowest = {name: [s / spec["steps"] for s in slowest_rank(mine["times"][name])] for name in ARMS}
     dist.shutdown()
     return {
         "step_s": slowest,
-        "bitwise_identical": all(rank["check"]["identical"] for rank in ranks),
-        "max_abs_weight_diff": max(rank["check"]["max_abs_diff"] for rank in ranks),
+        "bitwise_identical": all(check["identical"] for check in checks),
+        "max_abs_weight_diff": max(check["max_abs_diff"] for check in checks),
         "ranks": env.world_size,
         "num_params": mine["num_params"],
         "is_main": env.is_main,
     }
-
-
-def main(spec_path: str, out_path: str) -> None:
-    spec = json.loads(Path(spec_path).read_text())
-    result = measure(spec, spec["strategy"])
-    if result.pop("is_main"):
-        atomic_write_json(out_path, result)
 
 
 # ---- the benchmark (runs in `scalelab bench parity`) ----
@@ -209,17 +193,11 @@ def main(spec_path: str, out_path: str) -> None:
 
 def run_strategy(spec: dict[str, Any], strategy: str, nproc: int, folder: Path) -> dict[str, Any]:
     """Runs one strategy's ranks in fresh processes; returns rank 0's result."""
-    spec_path, out_path = folder / f"{strategy}.spec.json", folder / f"{strategy}.out.json"
-    atomic_write_json(spec_path, {**spec, "strategy": strategy})
-    worker = ["-m", "scalelab.bench.parity", str(spec_path), str(out_path)]
-    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-    cmd = [sys.executable, *(launcher if strategy == "ddp" else []), *worker]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0 or not out_path.is_file():
-        tail = " | ".join(proc.stderr.strip().splitlines()[-5:])
-        raise RuntimeError(f"parity {strategy}: {' '.join(cmd)} exited {proc.returncode}: {tail}")
-    return json.loads(out_path.read_text())
+    ranks = {"nproc": nproc if strategy == "ddp" else None, "threads_per_process": 1}
+    try:
+        return run_ranks(["bench-worker", "parity"], {**spec, "strategy": strategy}, folder, strategy, **ranks)
+    except LaunchError as exc:
+        raise LaunchError(f"parity {strategy} ranks: {exc}") from exc
 
 
 def summarize(spec: dict[str, Any], raw: dict[str, dict[str, Any]], nproc: int) -> dict[str, Any]:
@@ -300,7 +278,3 @@ def headline(result: dict, out: Path) -> str:
             f"(engine {med['engine']:.1f} ms, plain {med['plain']:.1f} ms, identical {p['bitwise_identical']})"
         )
     return f"engine parity (engine/plain step time): {'; '.join(parts)} -> {out / OUT_FILE}"
-
-
-if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])

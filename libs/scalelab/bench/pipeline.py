@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ import yaml
 
 from scalelab.config import ConfigError, Params, parse_params, read_yaml
 from scalelab.config.overrides import apply, parse_overrides
+from scalelab.launch.local import worker_command
 
 
 def add_set_argument(parser: Any) -> None:
@@ -77,8 +77,7 @@ def store_env(store_dir: Path, tracking: bool = True) -> dict[str, str]:
 
 def scalelab(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Runs `scalelab ARGS` in a fresh process; raises RuntimeError with its stderr tail on failure."""
-    cmd = [sys.executable, "-m", "scalelab.cli", *args]
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    proc = subprocess.run(worker_command(list(args)), cwd=cwd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = " | ".join(proc.stderr.strip().splitlines()[-5:])
         raise RuntimeError(f"scalelab {' '.join(args)} exited {proc.returncode}: {tail[-800:]}")

@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ import yaml
 from scalelab.bench.dvc_repro import copy_repo
 from scalelab.config import DataConfig, build
 from scalelab.data.prepare import prepare
+from scalelab.launch.local import worker_command
 from scalelab.runtime.paths import PACKAGE_ROOT
 from scalelab.training.plan import RESOLVED_FILE, RUN_FILE
 
@@ -62,13 +62,19 @@ def _base_params(root: Path) -> dict[str, Any]:
 def _scalelab(args: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, subprocess.CompletedProcess]:
     """Runs `scalelab ARGS` as a fresh process; returns (wall seconds, the finished process)."""
     start = time.perf_counter()
-    cmd = [sys.executable, "-m", "scalelab.cli", *args]
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    proc = subprocess.run(worker_command(args), cwd=cwd, env=env, capture_output=True, text=True)
     return time.perf_counter() - start, proc
 
 
 def _tail(proc: subprocess.CompletedProcess) -> str:
     return " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-6:])[-1500:]
+
+
+def study_params(cells: int) -> dict[str, Any]:
+    """params.yaml for a study of `cells` cells: STUDY at batch sizes STUDY_BATCH, +1, ..."""
+    params = _base_params(PACKAGE_ROOT)
+    params["speedup"].update(STUDY, batch_sizes=[STUDY_BATCH + i for i in range(cells)])
+    return params
 
 
 def study_costs(cells: list[int], work: Path) -> dict[str, list[float]]:
@@ -78,9 +84,7 @@ def study_costs(cells: list[int], work: Path) -> dict[str, list[float]]:
     for n in cells:
         folder = work / f"study-{n}"
         folder.mkdir()
-        params = _base_params(PACKAGE_ROOT)
-        params["speedup"].update(STUDY, batch_sizes=[STUDY_BATCH + i for i in range(n)])
-        (folder / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+        (folder / "params.yaml").write_text(yaml.safe_dump(study_params(n), sort_keys=False))
         args = ["speedup", "--params", "params.yaml", "--out", "out", "--cells", "cells"]  # a fresh cell cache
         wall_s, proc = _scalelab(args, folder, env)
         if proc.returncode != 0:

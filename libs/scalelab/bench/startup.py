@@ -15,7 +15,6 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ import yaml
 from scalelab.bench import pipeline, stats
 from scalelab.config import DataConfig, build
 from scalelab.data.prepare import prepare
+from scalelab.launch.local import worker_command
 from scalelab.runtime.io import atomic_write_json
 from scalelab.runtime.paths import repo_root
 from scalelab.runtime.timings import ENV as TIMINGS_ENV
@@ -92,17 +92,13 @@ def _params(args: argparse.Namespace, folder: Path) -> Path:
     return pipeline.write_params(folder / "params.yaml", params)
 
 
-def _scalelab(*args: str) -> list[str]:
-    return [sys.executable, "-m", "scalelab.cli", *args]
-
-
 def one_run(params: Path, data: Path, out: Path, env: dict[str, str]) -> dict[str, float]:
     """Runs `scalelab train` once; returns mark -> seconds since the process start (rank 0)."""
     marks_file = out.with_suffix(".jsonl")
     env = {**env, TIMINGS_ENV: str(marks_file)}
     start = time.time()
     proc = subprocess.run(
-        _scalelab("train", "--params", str(params), "--data", str(data), "--out", str(out)),
+        worker_command(["train", "--params", str(params), "--data", str(data), "--out", str(out)]),
         cwd=repo_root(),
         env=env,
         capture_output=True,

@@ -3,8 +3,8 @@
 Every benchmark that compares two arms runs them interleaved, one pair per repeat, so that
 machine noise hits both alike. Its figure is the median over repeats of the per-repeat ratio
 (arm / reference), and its 95% interval comes from resampling whole repeats (pairs) with
-replacement, `BOOTSTRAP_RESAMPLES` times, from a fixed seed: the same repeats always give the
-same interval.
+replacement, `BOOTSTRAP_RESAMPLES` times, from a fixed seed (scalelab.study.bootstrap, the
+study's bootstrap): the same repeats always give the same interval.
 
 `write_summary_line` keeps `<out_dir>/summary.md` with exactly one line per figure:
 
@@ -14,16 +14,15 @@ same interval.
 from __future__ import annotations
 
 import os
-import random
 import socket
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
 from scalelab.runtime.io import atomic_write_text
+from scalelab.study import bootstrap
 
-BOOTSTRAP_RESAMPLES = 2000
-BOOTSTRAP_SEED = 0
+BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED = bootstrap.RESAMPLES, bootstrap.SEED
 SUMMARY_FILE = "summary.md"
 
 
@@ -58,34 +57,11 @@ def median_ratio(arm: Sequence[float], reference: Sequence[float]) -> float:
     return median(paired_ratios(arm, reference))
 
 
-def bootstrap_ci(
-    arm: Sequence[float],
-    reference: Sequence[float],
-    *,
-    resamples: int = BOOTSTRAP_RESAMPLES,
-    seed: int = BOOTSTRAP_SEED,
-    level: float = 0.95,
-) -> tuple[float, float]:
-    """A percentile bootstrap interval of `median_ratio`, resampling whole repeats.
-
-    Args:
-        arm: per-repeat figure of the measured arm (e.g. median step time, s).
-        reference: the same figure of the reference arm, same repeats in the same order.
-        resamples: how many bootstrap resamples.
-        seed: the resampling seed (fixed, so the interval is reproducible).
-        level: the interval's coverage.
-
-    Returns:
-        (low, high) of the median ratio.
-    """
-    ratios = paired_ratios(arm, reference)
-    rng = random.Random(seed)
-    n = len(ratios)
-    boot = sorted(statistics.median(rng.choices(ratios, k=n)) for _ in range(resamples))
-    tail = (1.0 - level) / 2.0
-    low = boot[int(tail * (resamples - 1))]
-    high = boot[int(round((1.0 - tail) * (resamples - 1)))]
-    return float(low), float(high)
+def bootstrap_ci(arm: Sequence[float], reference: Sequence[float]) -> tuple[float, float]:
+    """The bootstrap 95% interval of `median_ratio`, resampling whole repeats (pairs): the one
+    bootstrap of the study and the benchmarks (scalelab.study.bootstrap), from its fixed seed."""
+    paired_ratios(arm, reference)  # refuses unpaired or empty repeats
+    return bootstrap.median_paired_ratio(arm, reference)
 
 
 def ratio_figures(arm: Sequence[float], reference: Sequence[float]) -> dict[str, object]:

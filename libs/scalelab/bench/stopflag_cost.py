@@ -1,17 +1,14 @@
 """What `StopFlag.everywhere` costs a DDP step: the one-element all-reduce SLURM jobs run every
 `slurm.stop_check_every_steps` steps (10 by default; it was every step, +26% of a 4 ms step here).
 
-Part of `scalelab bench tracking` (its `stop_flag` block). One rank by hand:
+Part of `scalelab bench tracking` (its `stop_flag` block). The ranks run through
+launch.local.run_ranks; one by hand, with a spec.json that `measure` wrote:
 
-    torchrun --standalone --nproc-per-node 2 -m scalelab.bench.stopflag_cost SPEC.json OUT.json
+    torchrun --standalone --nproc-per-node 2 -m scalelab.cli bench-worker stopflag --spec SPEC.json --out OUT.json
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,9 +16,10 @@ from typing import Any
 import torch
 
 from scalelab.bench import stats
+from scalelab.launch.local import LaunchError, run_ranks
 from scalelab.runtime import dist, seeds
 from scalelab.runtime.device import setup_process
-from scalelab.runtime.io import atomic_write_json
+from scalelab.runtime.repeats import timed_repeats
 from scalelab.runtime.signals import StopFlag
 from scalelab.training import workloads
 from scalelab.training.loop import Optim, build_loop
@@ -42,22 +40,15 @@ def measure(
     *, procs: int, steps: int, repeats: int, batch: int, hidden: list[int], work: Path, every: int
 ) -> dict[str, Any]:
     """Runs the ranks under torchrun; returns the figures (rank 0's times, s)."""
-    spec, out = work / "stop-spec.json", work / "stop-out.json"
-    spec.write_text(json.dumps({"steps": steps, "repeats": repeats, "batch": batch, "hidden": hidden, "every": every}))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={procs}"]
-    proc = subprocess.run(
-        [*cmd, "-m", "scalelab.bench.stopflag_cost", str(spec), str(out)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=max(300.0, 0.1 * steps * repeats),
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"stop-flag ranks failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    raw = json.loads(out.read_text())
+    spec = {"steps": steps, "repeats": repeats, "batch": batch, "hidden": hidden, "every": every}
+    ranks = {"nproc": procs, "threads_per_process": 1, "timeout_s": max(300.0, 0.1 * steps * repeats)}
+    try:
+        raw = run_ranks(["bench-worker", "stopflag"], spec, work, "stop", **ranks)
+    except LaunchError as exc:
+        raise LaunchError(f"stop-flag ranks: {exc}") from exc
     med = {arm: [stats.median(rep) for rep in reps] for arm, reps in raw["times"].items()}
     ratio = stats.ratio_figures(med["stop_flag"], med["plain"])
-    call_us = 1e6 * stats.median([x for rep in raw["call_s"] for x in rep])
+    call_us = 1e6 * stats.median(raw["call_s"])
     plain_ms = 1000.0 * stats.median(med["plain"])
     call_fraction = call_us / (1000.0 * plain_ms)
     shows = ratio["median_ratio"] - 1.0 > THRESHOLD_FRACTION or call_fraction > THRESHOLD_FRACTION
@@ -86,38 +77,27 @@ def measure(
     }
 
 
-def _rank(spec: dict[str, Any], out: Path) -> None:
-    """One rank: builds the loop, runs the interleaved arms, rank 0 writes the times."""
+def measure_rank(spec: dict[str, Any]) -> dict[str, Any]:
+    """One rank: builds the loop, runs the interleaved arms; returns this rank's step times and
+    the StopFlag calls' times (rank 0's are the figures)."""
     env = dist.read_env()
     device = setup_process(env, device="cpu", threads=1, timeout_s=120.0)  # a hung peer fails the bench
     seeds.seed_all(0)
     wl = workloads.load("mlp", {"hidden": spec["hidden"], "dropout": 0.0}, input_shape=[64], num_classes=10)
     loop = build_loop(wl, device, strategy_name="ddp", precision="fp32", optim=Optim(name="adamw", lr=1e-3))
     batches = [(torch.randn(spec["batch"], 64), torch.randint(10, (spec["batch"],))) for _ in range(2)]
-    flag = StopFlag()
-    times: dict[str, list[list[float]]] = {"plain": [], "stop_flag": []}
-    call_s: list[list[float]] = []
+    flag, call_s = StopFlag(), []
+
+    def stop_flag(step: int) -> None:  # Loop.step, then the check every `every` steps, as job.py runs it
+        loop.step([batches[step % 2]])
+        if (step + 1) % spec["every"] == 0:
+            call = time.perf_counter()
+            flag.everywhere(device)
+            call_s.append(time.perf_counter() - call)
+
     for step in range(20):  # warm-up
         loop.step([batches[step % 2]])
-    for rep in range(spec["repeats"]):
-        for arm in ("plain", "stop_flag") if rep % 2 == 0 else ("stop_flag", "plain"):
-            rep_times, calls = [], []
-            dist.barrier()
-            for step in range(spec["steps"]):
-                start = time.perf_counter()
-                loop.step([batches[step % 2]])
-                if arm == "stop_flag" and (step + 1) % spec["every"] == 0:
-                    call = time.perf_counter()
-                    flag.everywhere(device)
-                    calls.append(time.perf_counter() - call)
-                rep_times.append(time.perf_counter() - start)
-            times[arm].append(rep_times)
-            if calls:
-                call_s.append(calls)
+    arms = {"plain": lambda step: loop.step([batches[step % 2]]), "stop_flag": stop_flag}
+    times = timed_repeats(arms, repeats=spec["repeats"], steps=spec["steps"])
     dist.all_gather_object(None)  # every rank is past its last collective; exit without teardown
-    if env.is_main:
-        atomic_write_json(out, {"times": times, "call_s": call_s})
-
-
-if __name__ == "__main__":
-    _rank(json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2]))
+    return {"times": times, "call_s": call_s, "is_main": env.is_main}

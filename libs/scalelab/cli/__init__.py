@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str | None]] = {
     "bench": ("scalelab.bench.suite", "benchmarks that write results/bench/*.json"),
     "train-worker": ("scalelab.cli.train_worker", None),
     "cell-worker": ("scalelab.cli.cell_worker", None),
+    "bench-worker": ("scalelab.cli.bench_worker", None),
 }
 
 

@@ -12,7 +12,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from scalelab.launch.local import serve_rank
     from scalelab.study import cell
 
-    cell.main(args.kind, args.spec, args.out)
+    serve_rank(lambda spec: cell.measure(args.kind, spec), args.spec, args.out)
     return 0

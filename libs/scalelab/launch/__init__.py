@@ -1,4 +1,5 @@
-"""Launching: worker processes on this machine (`local`, torchrun), SLURM through submitit
+"""Launching: worker processes on this machine (`local`: torchrun, and the spec.json -> ranks ->
+out.json protocol of the study's cells and the benchmarks), SLURM through submitit
 (`slurm`: profiles, pre-flight, executors, waiting) and the one job-shape check (`shape`).
 
 Owns: processes, nodes, tasks and the cluster. Never imports what it launches (training, the

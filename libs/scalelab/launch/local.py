@@ -2,19 +2,26 @@
 
 The launcher knows processes and nodes, not models: it runs `scalelab <worker command> ...` in
 fresh processes. `worker_command` and `worker_env` are the one place that builds the torchrun
-command line and the workers' environment, for training and for study cells alike.
+command line and the workers' environment, for training, study cells and benchmarks alike.
+`run_ranks` and `serve_rank` are the two sides of the one protocol by which the study's cells
+and the benchmarks run measurements in fresh ranks: spec.json in, rank 0's out.json back.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from scalelab.runtime import lifeline
+from scalelab.runtime.io import atomic_write_json
 from scalelab.tracking import tracking_uri
 
 
@@ -50,13 +57,51 @@ def worker_env(threads_per_process: int) -> dict[str, str]:
     return env
 
 
-def run_workers(
-    args: list[str], *, nproc: int | None, threads_per_process: int, capture: bool = False
-) -> subprocess.CompletedProcess:
-    """Runs the workers to the end and returns the finished process (stdout/stderr if `capture`)."""
-    return subprocess.run(
-        worker_command(args, nproc), env=worker_env(threads_per_process), capture_output=capture, text=True
-    )
+def run_ranks(
+    args: list[str],
+    spec: dict[str, Any],
+    folder: Path,
+    name: str,
+    *,
+    nproc: int | None,
+    threads_per_process: int,
+    timeout_s: float | None = None,
+) -> dict[str, Any]:
+    """The launcher's side of the rank protocol: spec.json -> ranks -> out.json.
+
+    Writes `spec` to `<folder>/<name>.spec.json`, runs `scalelab ARGS --spec SPEC --out OUT` to
+    the end (under torchrun with `nproc` local ranks when given, else as one process), and
+    returns what global rank 0 wrote to `<folder>/<name>.out.json` (see `serve_rank`).
+
+    Raises:
+        LaunchError: the ranks exited non-zero or wrote no result; the message is
+            "exit CODE: " and the last three lines of their stderr.
+        subprocess.TimeoutExpired: they ran longer than `timeout_s`.
+    """
+    spec_path, out_path = folder / f"{name}.spec.json", folder / f"{name}.out.json"
+    atomic_write_json(spec_path, spec)
+    out_path.unlink(missing_ok=True)
+    cmd = worker_command([*args, "--spec", str(spec_path), "--out", str(out_path)], nproc)
+    env = worker_env(threads_per_process)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    if proc.returncode != 0 or not out_path.is_file():
+        tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
+        raise LaunchError(f"exit {proc.returncode}: {tail}")
+    return json.loads(out_path.read_text())
+
+
+def serve_rank(
+    measure: Callable[[dict[str, Any]], dict[str, Any]], spec_path: str | Path, out_path: str | Path
+) -> None:
+    """One rank's side of the protocol: reads the spec, runs `measure(spec)`, and the rank whose
+    result says `is_main` (global rank 0) writes the rest of it to `out_path` atomically.
+
+    Under torchrun the rank also stops itself once torchrun is gone (runtime.lifeline).
+    """
+    lifeline.exit_with_torchrun()
+    result = measure(json.loads(Path(spec_path).read_text()))
+    if result.pop("is_main"):
+        atomic_write_json(out_path, result)
 
 
 def run_torchrun(args: list[str], *, nproc: int, threads_per_process: int, log_dir: Path) -> int | None:

@@ -1,10 +1,12 @@
 """What runs inside one speedup-study cell: time training steps, or time all-reduces.
 
-Started by scalelab.study.run (one process, or torchrun for ddp), or on SLURM as a `CellJob`.
-By hand:
+Started by scalelab.study.run through launch.local.run_ranks (one process, or torchrun for ddp),
+or on SLURM as a `CellJob`. By hand:
 
     torchrun --standalone --nproc-per-node 2 -m scalelab.cli cell-worker steps \
         --spec results/speedup/cells/ddp-w2.spec.json --out /tmp/ddp-w2.json
+
+Both kinds time with runtime.repeats (barrier, device sync, the slowest rank per repeat).
 
 Each cell uses the same step function as training (training.loop.Loop.step) on synthetic batches
 that already sit on the device, so it measures compute and communication, not data loading. It
@@ -14,7 +16,6 @@ CPU) and the bytes of parameters, gradients and optimizer state this rank holds.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from pathlib import Path
@@ -23,16 +24,11 @@ from typing import Any
 import torch
 
 from scalelab.config import SpeedupConfig, build
-from scalelab.runtime import dist, lifeline, seeds
+from scalelab.runtime import dist, seeds
 from scalelab.runtime.device import setup_process
-from scalelab.runtime.io import atomic_write_json
+from scalelab.runtime.repeats import repeat_totals, slowest_rank, timed_repeats
 from scalelab.training import strategy, workloads
 from scalelab.training.loop import Optim, build_loop
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _setup(spec: dict[str, Any]) -> tuple[SpeedupConfig, dist.DistEnv, torch.device]:
@@ -98,23 +94,14 @@ def time_steps(spec: dict[str, Any]) -> dict[str, Any]:
             (torch.randn(batch, features, device=device), torch.randint(classes, (batch,), device=device))
             for _ in range(2)
         ]
-    dist.barrier()
-    start = time.perf_counter()
-    loop.step([pool[0]])  # the first step: torch.compile compiles here
-    _sync(device)
-    first_step_s = max(dist.all_gather_object(time.perf_counter() - start))
+    first = timed_repeats({"first": lambda i: loop.step([pool[0]])}, repeats=1, steps=1, device=device)  # compiles
+    first_step_s = slowest_rank(repeat_totals(first["first"]))[0]
     for i in range(1, cfg.warmup_steps):
         loop.step([pool[i % 2]])
-    elapsed_s = []
-    for _ in range(cfg.repeats):
-        dist.barrier()
-        _sync(device)
-        start = time.perf_counter()
-        for i in range(cfg.timed_steps):
-            loop.step([pool[i % 2]])
-        _sync(device)
-        elapsed_s.append(time.perf_counter() - start)
-    slowest = [max(r) for r in zip(*dist.all_gather_object(elapsed_s))]  # the slowest rank sets the pace
+    timed = timed_repeats(
+        {"steps": lambda i: loop.step([pool[i % 2]])}, repeats=cfg.repeats, steps=cfg.timed_steps, device=device
+    )
+    slowest = slowest_rank(repeat_totals(timed["steps"]))  # the slowest rank sets the pace
     memory = _memory(loop, device, memory_base)
     num_params = sum(p.numel() for p in wl.model.parameters())  # whole tensors (a DTensor counts all)
     global_batch = batch * (1 if name == "dp" else world)
@@ -160,15 +147,13 @@ def time_allreduce(spec: dict[str, Any]) -> dict[str, Any]:
         tensor = torch.ones(numel, device=device)
         for _ in range(3):
             dist.all_reduce_sum(tensor)
-        samples = []
-        for _ in range(spec.get("reps", 10)):
-            dist.barrier()
-            _sync(device)
-            start = time.perf_counter()
-            dist.all_reduce_sum(tensor)
-            _sync(device)
-            samples.append(time.perf_counter() - start)
-        worst = [max(r) for r in zip(*dist.all_gather_object(samples))]
+        timed = timed_repeats(
+            {"all_reduce": lambda i, t=tensor: dist.all_reduce_sum(t)},
+            repeats=spec.get("reps", 10),
+            steps=1,
+            device=device,
+        )
+        worst = slowest_rank(repeat_totals(timed["all_reduce"]))
         results.append({"bytes": 4 * numel, "median_s": statistics.median(worst)})
     return {
         "world_size": env.world_size,
@@ -186,14 +171,6 @@ def measure(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
     result = (time_allreduce if kind == "allreduce" else time_steps)(spec)
     dist.shutdown()
     return {**result, "started_ms": started_ms, "ended_ms": int(time.time() * 1000)}
-
-
-def main(kind: str, spec_path: str | Path, out_path: str | Path) -> None:
-    lifeline.exit_with_torchrun()
-    spec = json.loads(Path(spec_path).read_text())
-    result = measure(kind, spec)
-    if result.pop("is_main"):
-        atomic_write_json(out_path, result)
 
 
 class CellJob:

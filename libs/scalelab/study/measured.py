@@ -17,6 +17,7 @@ import pandas as pd
 
 from scalelab.config import SpeedupConfig
 from scalelab.study import comm_model
+from scalelab.study.bootstrap import ratio_of_medians as bootstrap_ratio  # the speedups' intervals
 
 COLUMNS = [
     "name",
@@ -64,8 +65,6 @@ COLUMNS = [
 ]
 MEMORY = ["peak_mem_bytes_per_rank", "param_bytes_per_rank", "grad_bytes_per_rank", "optim_bytes_per_rank"]
 NOISY_SPREAD = 0.10  # (max - min) / median of a cell's per-repeat samples/s above this: noisy
-BOOTSTRAP_RESAMPLES = 2000
-BOOTSTRAP_SEED = 0  # fixed: the same results give the same intervals
 NAN = float("nan")
 
 
@@ -100,15 +99,6 @@ def grad_bytes_of(results: dict[str, dict]) -> int:
 def repeats_of(results: dict[str, dict]) -> dict[str, np.ndarray]:
     """Per-repeat samples/s of every measured cell."""
     return {n: np.asarray(r["samples_per_s"], dtype=float) for n, r in results.items() if r["status"] == "ok"}
-
-
-def bootstrap_ratio(cell: np.ndarray, base: np.ndarray, seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
-    """95% percentile interval of median(cell) / median(base), each resampled independently."""
-    rng = np.random.default_rng(seed)
-    num = np.median(cell[rng.integers(0, len(cell), (BOOTSTRAP_RESAMPLES, len(cell)))], axis=1)
-    den = np.median(base[rng.integers(0, len(base), (BOOTSTRAP_RESAMPLES, len(base)))], axis=1)
-    low, high = np.percentile(num / den, [2.5, 97.5])
-    return float(low), float(high)
 
 
 def is_noisy(value: Any) -> bool:

@@ -22,7 +22,7 @@ from typing import Any
 
 from scalelab.config import DISTRIBUTED, Params, to_dict
 from scalelab.launch import slurm
-from scalelab.launch.local import run_workers
+from scalelab.launch.local import LaunchError, run_ranks
 from scalelab.launch.shape import Capacity, local_capacity
 from scalelab.runtime.io import atomic_write_json
 from scalelab.runtime.lock import FolderLock
@@ -42,20 +42,19 @@ def _spec(params: Params, cell: Cell) -> dict[str, Any]:
 def run_cell(kind: str, cell: Cell, spec: dict[str, Any], folder: Path) -> dict[str, Any]:
     """Runs one cell (or the all-reduce benchmark) in fresh processes; returns its result."""
     stem = f"{cell.name}.{kind}" if kind == "allreduce" else cell.name
-    spec_path, out_path = folder / f"{stem}.spec.json", folder / f"{stem}.out.json"
-    atomic_write_json(spec_path, spec)
-    out_path.unlink(missing_ok=True)
     log.info("measuring %s", stem)
-    proc = run_workers(
-        ["cell-worker", kind, "--spec", str(spec_path), "--out", str(out_path)],
-        nproc=cell.world_size if cell.strategy in DISTRIBUTED else None,
-        threads_per_process=cell.threads_per_process,
-        capture=True,
-    )
-    if proc.returncode != 0 or not out_path.is_file():
-        tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
-        return {"status": "failed", "reason": f"exit {proc.returncode}: {tail}"[:500]}
-    return {"status": "ok", **json.loads(out_path.read_text())}
+    try:
+        result = run_ranks(
+            ["cell-worker", kind],
+            spec,
+            folder,
+            stem,
+            nproc=cell.world_size if cell.strategy in DISTRIBUTED else None,
+            threads_per_process=cell.threads_per_process,
+        )
+    except LaunchError as exc:
+        return {"status": "failed", "reason": str(exc)[:500]}
+    return {"status": "ok", **result}
 
 
 def run_slurm_cells(params: Params, items: list[tuple[str, Cell, dict[str, Any]]]) -> list[dict[str, Any]]:

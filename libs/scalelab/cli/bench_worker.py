@@ -1,0 +1,22 @@
+"""`scalelab bench-worker`: one rank of a benchmark's measurement (started by `scalelab bench`)."""
+
+from __future__ import annotations
+
+import argparse
+
+WORKERS = ("loader", "parity", "stopflag")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", choices=WORKERS)
+    parser.add_argument("--spec", required=True)
+    parser.add_argument("--out", required=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from scalelab.bench import loader, parity, stopflag_cost
+    from scalelab.launch.local import serve_rank
+
+    measure = {"loader": loader.measure_rank, "parity": parity.measure_rank, "stopflag": stopflag_cost.measure_rank}
+    serve_rank(measure[args.name], args.spec, args.out)
+    return 0
