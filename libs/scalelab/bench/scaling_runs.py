@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from scalelab.bench import pipeline
 from scalelab.bench.dvc_repro import copy_repo
 from scalelab.config import DataConfig, build
 from scalelab.data.prepare import prepare
@@ -84,7 +85,7 @@ def study_costs(cells: list[int], work: Path) -> dict[str, list[float]]:
     for n in cells:
         folder = work / f"study-{n}"
         folder.mkdir()
-        (folder / "params.yaml").write_text(yaml.safe_dump(study_params(n), sort_keys=False))
+        pipeline.write_params(folder / "params.yaml", study_params(n))  # a repository of its own
         args = ["speedup", "--params", "params.yaml", "--out", "out", "--cells", "cells"]  # a fresh cell cache
         wall_s, proc = _scalelab(args, folder, env)
         if proc.returncode != 0:

@@ -176,6 +176,7 @@ def run(params: Params, out_dir: str | Path, cells_dir: str | Path | None = None
     """Plans, measures (reusing cached cells from `cells_dir`, default `cells_cache()`), models
     and reports the study."""
     out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     folder = Path(cells_dir) if cells_dir is not None else cells_cache()
     cap, hw = where(params)
     cells = plan(params.speedup, cap)
