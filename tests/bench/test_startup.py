@@ -61,3 +61,52 @@ def test_marks_go_to_the_named_file_only(tmp_path, monkeypatch):
     timings.mark("b")
     rows = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
     assert [r["phase"] for r in rows] == ["a", "b"] and rows[0]["rank"] == 1 and rows[0]["t"] <= rows[1]["t"]
+
+
+def default_params() -> dict:
+    import yaml
+
+    return yaml.safe_load((REPO / "params.yaml").read_text())
+
+
+def test_the_handwritten_script_is_the_default_job_and_refuses_others(tmp_path):
+    from scalelab.bench import handwritten
+
+    params = default_params()
+    cmd, reason = handwritten.command(params, tmp_path / "train.pt")
+    assert reason == "" and str(handwritten.SCRIPT) in cmd and f"--data={tmp_path / 'train.pt'}" in cmd
+    assert f"--epochs={params['train']['epochs']}" in cmd and f"--lr={params['train']['lr']}" in cmd
+    params["train"]["strategy"] = "fsdp"
+    cmd, reason = handwritten.command(params, tmp_path / "train.pt")
+    assert cmd is None and "'strategy': 'fsdp'" in reason
+
+
+def test_the_comparison_pairs_runs_and_refuses_different_jobs():
+    from scalelab.bench import handwritten
+
+    ours = [{"wall": 11.0, "first_step": 3.0, "steps": 5}, {"wall": 13.0, "first_step": 2.0, "steps": 5}]
+    theirs = [{"wall": 10.0, "first_step": 2.0, "steps": 5}, {"wall": 10.0, "first_step": 2.0, "steps": 5}]
+    result = handwritten.compare(ours, theirs)
+    assert result["wall"]["repeat_ratios"] == [1.1, 1.3] and result["wall"]["median_ratio"] == pytest.approx(1.2)
+    assert result["wall"]["met"] is False and result["first_step"]["median_ratio"] == pytest.approx(1.25)
+    assert result["first_step"]["met"] is True and result["steps"] == 5
+    with pytest.raises(RuntimeError, match=r"ran \[5, 6\] steps"):
+        handwritten.compare(ours, [{**theirs[0], "steps": 6}, theirs[1]])
+
+
+@pytest.mark.slow
+def test_startup_measures_scalelab_train_beside_the_handwritten_script(workdir):
+    out = workdir / "bench"
+    args = ["bench", "startup", "--out", str(out), "--params", str(REPO / "params.yaml"), "--repeats", "1"]
+    assert main([*args, "--epochs", "1"]) == 0  # one epoch of the default ddp job, tracked: a real pair
+    result = json.loads((out / "startup.json").read_text())
+    versus = result["vs_handwritten"]
+    assert versus["steps"] == result["raw_marks_s"][0]["steps_trained"] > 0  # the same job
+    ours = result["raw_marks_s"][0]
+    assert versus["wall"]["scalelab_s"] == [ours["end"]] and versus["first_step"]["scalelab_s"] == [ours["first_step"]]
+    for figure in ("wall", "first_step"):
+        [mine], [theirs] = versus[figure]["scalelab_s"], versus[figure]["handwritten_s"]
+        assert 0 < theirs and versus[figure]["median_ratio"] == pytest.approx(mine / theirs)
+    summary = stats.read_summary(out)
+    assert summary["startup_vs_handwritten_wall"].endswith(("met", "not met"))
+    assert "hand-written" in summary["startup_vs_handwritten_first_step"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -22,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from scalelab.bench import pipeline, stats
+from scalelab.bench import handwritten, pipeline, stats
 from scalelab.config import DataConfig, build
 from scalelab.data.prepare import prepare
 from scalelab.launch.local import worker_command
@@ -48,6 +47,12 @@ and artifacts; mlflow is imported here), `monitor_start`, `data_load`, `model_bu
 is what starting the metric writer costs the training thread (inside the steps). Fixed cost is
 wall time minus the steps (first step to last step). When the output folder already holds a
 startup.json from another commit, its figures move to `previous` for a side-by-side comparison.
+`vs_handwritten`: each repeat is a pair, `scalelab train` and benchmarks/handwritten_ddp.py (the
+same job written by hand: torchrun, DistributedSampler, the MLP, AdamW, rank-0 MLflow logging of
+the params and of the loss every 10 steps), run one after the other in an order that alternates
+from pair to pair, on the same prepared-data size, threads and MLflow store. Ratios scalelab /
+hand-written of the end-to-end wall time and of the time to rank 0's first step (from the process
+start), median over pairs with a paired bootstrap 95% interval; goals 1.10 and 1.5.
 """
 OUT_FILE = "startup.json"
 GOAL_FRACTION = 0.40  # fixed costs < 40% of the previous figures (issue 11)
@@ -93,7 +98,8 @@ def _params(args: argparse.Namespace, folder: Path) -> Path:
 
 
 def one_run(params: Path, data: Path, out: Path, env: dict[str, str]) -> dict[str, float]:
-    """Runs `scalelab train` once; returns mark -> seconds since the process start (rank 0)."""
+    """Runs `scalelab train` once; returns mark -> seconds since the process start (rank 0), and
+    `steps_trained`."""
     marks_file = out.with_suffix(".jsonl")
     env = {**env, TIMINGS_ENV: str(marks_file)}
     start = time.time()
@@ -114,6 +120,7 @@ def one_run(params: Path, data: Path, out: Path, env: dict[str, str]) -> dict[st
             marks.setdefault(row["phase"], row["t"] - start)
     marks.setdefault("worker_cli", marks["launcher_imported"])  # single, dp: no worker process
     marks.setdefault("worker_imported", marks["worker_cli"])
+    marks["steps_trained"] = json.loads((out / "metrics.json").read_text())["steps"]  # a count, not a time
     return marks
 
 
@@ -129,16 +136,31 @@ def phases(marks: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def measure(args: argparse.Namespace, work: Path) -> list[dict[str, float]]:
-    """Prepares the data once, then times `--repeats` runs; returns each run's marks."""
-    from mlflow import MlflowClient
-
+def measure(args: argparse.Namespace, work: Path) -> tuple[list[dict[str, float]], list[dict[str, float]], str]:
+    """Prepares the data once, then times `--repeats` runs of `scalelab train`, each paired with
+    a run of the hand-written script (the order alternates: train first in even pairs) where it
+    applies; returns each train run's marks, each script run's figures, and why there are none."""
     params = _params(args, work)
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}"}
-    MlflowClient(env["MLFLOW_TRACKING_URI"]).search_experiments()  # creates the store's schema
+    tree = yaml.safe_load(params.read_text())
+    env = pipeline.store_env(work, tracking=tree["tracking"]["enabled"])  # the schema made, untimed
     data = work / "prepared"
-    prepare(build(DataConfig, yaml.safe_load(params.read_text())["data"]), data)  # not timed
-    return [one_run(params, data, work / f"train-{i}", env) for i in range(args.repeats)]
+    prepare(build(DataConfig, tree["data"]), data)  # not timed
+    script, reason = (None, "tracking is off")
+    if tree["tracking"]["enabled"]:
+        script, reason = handwritten.command(tree, work / "handwritten-train.pt")
+    if script is not None:
+        handwritten.training_split(tree, work / "handwritten-train.pt")  # not timed, as `prepare` is not
+    ours, theirs = [], []
+    script_env, threads = handwritten.environment(env), tree["train"]["threads_per_process"]
+    arms = {
+        "scalelab": lambda i: ours.append(one_run(params, data, work / f"train-{i}", env)),
+        "handwritten": lambda i: theirs.append(handwritten.run_once(script, work, script_env, threads)),
+    }
+    names = ["scalelab", "handwritten"] if script is not None else ["scalelab"]
+    for i in range(args.repeats):
+        for name in names if i % 2 == 0 else names[::-1]:
+            arms[name](i)
+    return ours, theirs, reason
 
 
 def _git_commit() -> str:
@@ -197,10 +219,13 @@ def run(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".bench-startup-", dir=out_dir))
     try:
-        runs = measure(args, work)
+        runs, script_runs, reason = measure(args, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result = summarize(runs, args, _previous(out_dir))
+    ours = [{"wall": m["end"], "first_step": m["first_step"], "steps": m["steps_trained"]} for m in runs]
+    result["vs_handwritten"] = handwritten.compare(ours, script_runs) if script_runs else {"not_measured": reason}
+    handwritten.summary_lines(out_dir, result["vs_handwritten"] if script_runs else None, reason)
     atomic_write_json(out_dir / OUT_FILE, result)
     med = result["current"]["median_s"]
     prev = result["previous"]
@@ -219,8 +244,15 @@ def run(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
 def headline(result: dict, out: Path) -> str:
     """One line with the figures and their units."""
     med = result["current"]["median_s"]
+    versus = result["vs_handwritten"]
+    ratios = (
+        f"; vs the hand-written script: wall {versus['wall']['median_ratio']:.2f}x, first step "
+        f"{versus['first_step']['median_ratio']:.2f}x"
+        if "wall" in versus
+        else ""
+    )
     return (
         f"startup: {med['to_first_step']:.2f} s to the first step, {med['after_last_step']:.2f} s after the last, "
-        f"fixed {med['fixed']:.2f} s of {med['wall']:.2f} s; largest {result['largest_fixed_cost']['phase']} "
-        f"-> {out / OUT_FILE}"
+        f"fixed {med['fixed']:.2f} s of {med['wall']:.2f} s; largest {result['largest_fixed_cost']['phase']}"
+        f"{ratios} -> {out / OUT_FILE}"
     )

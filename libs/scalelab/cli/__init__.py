@@ -70,7 +70,11 @@ def main(argv: list[str] | None = None) -> int:
             os.environ[REPO_ENV] = str(repo)  # every process this command starts agrees on it
             if argv is None:
                 exec_workspace_code(repo)
-        return importlib.import_module(args.module).run(args)
+        module = importlib.import_module(args.module)
+        code = module.run(args)
+        if argv is None and getattr(module, "EXIT_AT_ONCE", False):
+            exit_at_once(code)
+        return code
     except KeyboardInterrupt:  # Ctrl-C outside a job (a job says more: training.submit.Interrupted)
         return fail(args.command, Interrupted(), EXIT_INTERRUPTED)
     except Exception as exc:  # the project's errors carry their exit status (ConfigError: 2, ...)
@@ -83,6 +87,16 @@ def main(argv: list[str] | None = None) -> int:
             os.environ.pop(REPO_ENV, None)
         else:
             os.environ[REPO_ENV] = saved
+
+
+def exit_at_once(code: int) -> None:
+    """Ends a command whose work is done and on disk (a training job: outputs written atomically,
+    the run closed, the metric writer drained) without the interpreter's teardown of torch, mlflow
+    and their threads: about 1-4 s of a job's wall time, measured by `scalelab bench startup`."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 class NotInRepository(ValueError):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 
+EXIT_AT_ONCE = True  # on success this rank's work is on disk and its run closed: skip the teardown (cli)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resolved", required=True, help="the job's resolved.json")
