@@ -85,3 +85,17 @@ def test_run_ending_in_an_exception_is_flushed_and_marked(workdir, prepared_digi
     assert run.info.status == status
     steps = [s for s, _ in history(client, run.info.run_id, "train_loss")]
     assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 10, steps  # every step up to the error
+
+
+def test_the_finish_wait_and_the_store_back_off_are_settable_and_checked(monkeypatch):
+    from scalelab.tracking.tracker import FINISH_WAIT_S, finish_wait_s
+    from scalelab.tracking.writer import backoff_s
+
+    assert (finish_wait_s(), [backoff_s(a) for a in range(7)]) == (FINISH_WAIT_S, [0.5, 1, 2, 4, 8, 8, 8])
+    monkeypatch.setenv("SCALELAB_FINISH_WAIT_S", "1.5")
+    monkeypatch.setenv("SCALELAB_STORE_BACKOFF_S", "0.01")
+    assert (finish_wait_s(), backoff_s(0), backoff_s(9)) == (1.5, 0.01, 0.16)
+    for bad in ("-1", "soon", "inf", "nan"):
+        monkeypatch.setenv("SCALELAB_FINISH_WAIT_S", bad)
+        with pytest.raises(ValueError, match=f"SCALELAB_FINISH_WAIT_S='{bad}' is not allowed: must be a number"):
+            finish_wait_s()

@@ -8,9 +8,10 @@ and retries on failure, and returns at once; the metrics not yet confirmed (`pen
 into the checkpoint, so a job killed while the writer is busy re-sends them on resume
 (`replay_metrics`; SQL stores drop the exact duplicates this can give). `flush()` (wait=True)
 blocks until everything is stored, in this process when no writer runs (evaluation, the study).
-`finish()` flushes, waits at most about FINISH_WAIT_S and sets the status: `training.job.run` calls
-it on success and on failure alike, so a killed run ends KILLED or FAILED, never RUNNING. What the
-store still refuses then is written to a file and sent later (scalelab.tracking.unsent).
+`finish()` flushes, waits at most about FINISH_WAIT_S (SCALELAB_FINISH_WAIT_S overrides it; tests
+shrink it) and sets the status: `training.job.run` calls it on success and on failure alike, so a
+killed run ends KILLED or FAILED, never RUNNING. What the store still refuses then is written to a
+file and sent later (scalelab.tracking.unsent).
 
 The store is `MLFLOW_TRACKING_URI` when set, else `mlflow.db` (SQLite) in the main repository
 (`runtime.paths.store_root`: never a DVC experiment's temporary copy, never the current directory
@@ -34,7 +35,7 @@ from typing import Any
 from scalelab.runtime.paths import store_root
 from scalelab.tracking import unsent
 from scalelab.tracking.secrets import mask_uri
-from scalelab.tracking.writer import ProcessWriter, store
+from scalelab.tracking.writer import ProcessWriter, backoff_s, seconds_from_env, store
 from scalelab.tracking.writer import Row as MetricRow
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,11 @@ BATCH_PARAMS = 100
 FINISH_WAIT_S = 20.0  # finish() takes at most about this long (torchrun SIGKILLs 30 s after SIGTERM)
 # MLflow 3's UI opens an experiment of this kind on its runs table, not on the GenAI overview
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
+
+
+def finish_wait_s() -> float:
+    """How long finish() may wait for the store: SCALELAB_FINISH_WAIT_S, else FINISH_WAIT_S."""
+    return seconds_from_env("SCALELAB_FINISH_WAIT_S", FINISH_WAIT_S)
 
 
 def tracking_uri() -> str:
@@ -198,10 +204,11 @@ class MlflowTracker(Tracker):
             self._writer = ProcessWriter(self.client.tracking_uri, self.run_id)
         return self._writer
 
-    def flush(self, wait: bool = True, timeout_s: float = FINISH_WAIT_S) -> None:
+    def flush(self, wait: bool = True, timeout_s: float | None = None) -> None:
         """Sends buffered metrics. Without `wait`, hands them to the writer process and returns at
-        once; with it, blocks until they are stored (or `timeout_s` passes) and logs in this
-        process when no writer runs."""
+        once; with it, blocks until they are stored (or `timeout_s`, default finish_wait_s(),
+        passes) and logs in this process when no writer runs."""
+        timeout_s = finish_wait_s() if timeout_s is None else timeout_s
         if self._metrics and (not wait or self._writer is not None):
             self._async_writer().submit(self._metrics)
             self._metrics = []
@@ -228,13 +235,14 @@ class MlflowTracker(Tracker):
     def finish(
         self, status: str | None = "FINISHED", spill_dir: str | Path | None = None, end_ms: int | None = None
     ) -> None:
-        """Stores what is buffered (waiting at most ~FINISH_WAIT_S in all), then sets the status
+        """Stores what is buffered (waiting at most ~finish_wait_s() in all), then sets the status
         (None: leaves it). Metrics the store did not take, a status it could not set, and tags and
         artifacts it refused are written to `<spill_dir>/unsent-metrics-<run>.json` (default: this
         folder) and `UnsentMetrics` names that file (scalelab.tracking.unsent): nothing is dropped."""
-        self._store_buffered(deadline=time.monotonic() + FINISH_WAIT_S)
+        wait_s = finish_wait_s()
+        self._store_buffered(wait_s, deadline=time.monotonic() + wait_s)
         unset = status
-        if not self._metrics:  # the store answers (else spill at once, within FINISH_WAIT_S)
+        if not self._metrics:  # the store answers (else spill at once, within the finish wait)
             self._resend_refused()
             unset = None if status is None or self._set_status(status, end_ms) else status
         if self._metrics or unset or self._unsent_tags or self._unsent_files:
@@ -242,14 +250,14 @@ class MlflowTracker(Tracker):
             self._metrics, self._unsent_tags, self._unsent_files = [], {}, {}
             raise unsent.spill(spill_dir or Path.cwd(), self.run_id, self.client.tracking_uri, left)
 
-    def _store_buffered(self, deadline: float) -> None:
+    def _store_buffered(self, wait_s: float, deadline: float) -> None:
         """Everything logged, stored by the writer or here; what is left stays in `_metrics`."""
-        self.flush(wait=True, timeout_s=FINISH_WAIT_S / 2)
+        self.flush(wait=True, timeout_s=wait_s / 2)
         if self._writer is not None:
             self._writer.close(timeout_s=2.0)
             self._metrics = self._writer.take_pending() + self._metrics
             self._writer = None
-        for delay_s in (0.0, 1.0, 2.0, 4.0):
+        for delay_s in (0.0, backoff_s(1), backoff_s(2), backoff_s(3)):  # 0, 1, 2, 4 s by default
             if not self._metrics or time.monotonic() + delay_s > deadline:
                 break
             time.sleep(delay_s)

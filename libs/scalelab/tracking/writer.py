@@ -36,6 +36,7 @@ from scalelab.runtime.timings import mark
 
 log = logging.getLogger(__name__)
 BATCH_METRICS = 1000  # MLflow's limit per log_batch call
+BACKOFF_S = 0.5  # the first retry's wait; it doubles up to 16x. SCALELAB_STORE_BACKOFF_S overrides it
 WRITER_NICE = 10  # on a machine with no idle core, training gets the CPU first; the writer catches up
 CHILD = "import sys; from scalelab.tracking.writer import child; sys.exit(child())"
 Row = tuple[str, float, int, int]  # key, value, timestamp (ms), step
@@ -131,8 +132,32 @@ class ProcessWriter:
             self._proc.wait()
 
 
+def seconds_from_env(name: str, default_s: float) -> float:
+    """A wait in seconds from the environment variable `name` (tests shrink waits so), else `default_s`.
+
+    Raises:
+        ValueError: naming the variable, its value and what is allowed.
+    """
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default_s
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value < float("inf"):
+        raise ValueError(f"{name}={raw!r} is not allowed: must be a number of seconds >= 0")
+    return value
+
+
+def backoff_s(attempt: int) -> float:
+    """The wait before retry `attempt` + 1: BACKOFF_S (or SCALELAB_STORE_BACKOFF_S) doubling, at most 16x."""
+    first_s = seconds_from_env("SCALELAB_STORE_BACKOFF_S", BACKOFF_S)
+    return first_s * 2 ** min(attempt, 4)
+
+
 def store(client: Any, run_id: str, rows: list[Row], attempts: int = 8) -> bool:
-    """log_batch in chunks of 1,000, retrying each with back-off (0.5 s doubling to 8 s)."""
+    """log_batch in chunks of 1,000, retrying each with back-off (`backoff_s`: 0.5 s doubling to 8 s)."""
     from mlflow.entities import Metric
 
     metrics = [Metric(key, value, ts, step) for key, value, ts, step in rows]
@@ -144,7 +169,7 @@ def store(client: Any, run_id: str, rows: list[Row], attempts: int = 8) -> bool:
             except Exception as exc:  # the server may be briefly down
                 log.warning("MLflow log_batch failed (%s); attempt %d of %d", exc, attempt + 1, attempts)
                 if attempt + 1 < attempts:
-                    time.sleep(min(0.5 * 2**attempt, 8.0))
+                    time.sleep(backoff_s(attempt))
         else:
             return False
     return True
