@@ -104,15 +104,30 @@ def train_here(params: Any, data_dir: Path, out: Path, stop: Any = None) -> dict
     return job.run(params, plan, data_dir, out, stop=stop)
 
 
-def wait_for(predicate: Any, timeout_s: float, what: str) -> None:
-    """Polls `predicate` every 50 ms; fails naming `what` after `timeout_s`."""
+def wait_for(
+    predicate: Any, timeout_s: float, what: str, proc: subprocess.Popen | None = None, poll_s: float = 0.05
+) -> Any:
+    """Polls `predicate` every `poll_s` and returns its first truthy value; fails naming `what` after
+    `timeout_s`, or at once when `proc` (if given) has ended first."""
     import time
 
-    deadline = time.time() + timeout_s
-    while not predicate():
-        if time.time() > deadline:
+    deadline = time.monotonic() + timeout_s
+    while not (got := predicate()):
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"{proc.args[:3]} exited {proc.returncode} before {what}")
+        if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
+        time.sleep(poll_s)
+    return got
+
+
+def free_port() -> int:
+    """A TCP port that nothing listens on at 127.0.0.1 right now."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def group_alive(pgid: int) -> bool:
@@ -124,17 +139,45 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-RELIABILITY = REPO / "results/bench/reliability.json"
+# Where the fault tests' figures and the UI screenshot go: `make test` points these at
+# results/bench/reliability.json and results/test-artifacts/; a bare pytest run gets them in its
+# temporary folder (conftest.py sets both and prints where). Never the checkout otherwise.
+RELIABILITY_ENV = "SCALELAB_RELIABILITY_JSON"
+ARTIFACTS_ENV = "SCALELAB_TEST_ARTIFACTS"
+
+
+def shown_artifacts_dir() -> Path:
+    """The folder for files people look at after a run (the MLflow UI screenshot)."""
+    import tempfile
+
+    return Path(os.environ.get(ARTIFACTS_ENV) or Path(tempfile.gettempdir()) / "scalelab-test-artifacts")
+
+
+def reliability_path() -> Path:
+    """The reliability.json this session writes (never the checkout unless `make test` asks)."""
+    import tempfile
+
+    return Path(os.environ.get(RELIABILITY_ENV) or Path(tempfile.gettempdir()) / "scalelab-reliability.json")
 
 
 def record_reliability(section: str, figures: dict[str, Any]) -> None:
-    """Merges one fault test's figures into results/bench/reliability.json (written by `make test`)."""
+    """Merges one fault test's figures into reliability_path(), under a lock (in the temp folder,
+    not beside the file): parallel test workers read-modify-write the one file in turn."""
+    import hashlib
     import json
+    import tempfile
 
-    data = json.loads(RELIABILITY.read_text()) if RELIABILITY.is_file() else {}
-    data.setdefault(section, {}).update(figures)
-    RELIABILITY.parent.mkdir(parents=True, exist_ok=True)
-    RELIABILITY.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    from filelock import FileLock
+
+    path = reliability_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha1(str(path).encode()).hexdigest()[:12]
+    with FileLock(Path(tempfile.gettempdir()) / f"scalelab-reliability-{key}.lock"):
+        data = json.loads(path.read_text()) if path.is_file() else {}
+        data.setdefault(section, {}).update(figures)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, path)
 
 
 # wall-clock figures: the only ones a restart may change

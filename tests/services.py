@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import BIN, REPO
+from helpers import BIN, REPO, free_port
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_PACKAGES = ("chromium", "fonts-liberation", "fonts-dejavu-core")
@@ -39,13 +38,6 @@ CHROMIUM_ARGS = [
 ]
 POSTGRES_GLOB = "/usr/lib/postgresql/*/bin/initdb"
 START_TIMEOUT_S = 240  # a first MLflow start creates its tables; slow on a busy 2-core machine
-
-
-def free_port() -> int:
-    """A TCP port that nothing listens on at 127.0.0.1 right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def is_root() -> bool:

@@ -1,11 +1,10 @@
 """The SLURM pre-flight: each refusal the README lists, before anything is submitted."""
 
 import dataclasses
-import socket
 
 import pytest
 
-from helpers import run_cli, tiny_params, write_params
+from helpers import free_port, run_cli, tiny_params, write_params
 from scalelab.config import ConfigError, load_params
 from scalelab.launch import slurm
 
@@ -16,12 +15,6 @@ PROFILE = slurm.Profile(
 
 def params(tmp_path, **train):
     return load_params(write_params(tmp_path / "p.yaml", tiny_params(train={"launcher": "slurm", **train})))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import torch
 import yaml
 from mlflow import MlflowClient
 
-from helpers import BIN, histories, run_cli, tiny_params, write_params
+from helpers import BIN, histories, run_cli, tiny_params, wait_for, write_params
 from scalelab.training.plan import read_resolved
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
@@ -76,16 +76,6 @@ def launch_train(workdir, prepared_digits, env, **popen) -> subprocess.Popen:
     return subprocess.Popen(cmd, cwd=workdir, env=env, text=True, **popen)
 
 
-def wait_for(what: str, ready, proc: subprocess.Popen, timeout_s: float = 180, poll_s: float = 0.05):
-    """ready()'s first truthy value; fails naming `what` if `proc` ends or `timeout_s` passes first."""
-    deadline = time.time() + timeout_s
-    while not (got := ready()):
-        assert proc.poll() is None, f"scalelab train exited {proc.returncode} before {what}"
-        assert time.time() < deadline, f"no {what} within {timeout_s} s"
-        time.sleep(poll_s)
-    return got
-
-
 def json_key(path, key: str):
     """`key` of the JSON file `path` (written atomically), or None while there is no file."""
     return json.loads(path.read_text()).get(key) if path.is_file() else None
@@ -101,7 +91,7 @@ def test_preemption_checkpoints_requeues_and_resumes_into_the_same_run(workdir, 
     env = {**os.environ, **slurm_cluster, "PATH": f"{BIN}:{os.environ['PATH']}"}
     proc = launch_train(workdir, prepared_digits, env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     ckpts = workdir / "out/checkpoints"
-    wait_for("first checkpoint", lambda: list(ckpts.glob("step-*.pt")), proc)
+    wait_for(lambda: list(ckpts.glob("step-*.pt")), 180, "first checkpoint", proc)
     job_id = json.loads((workdir / "out/slurm.json").read_text())["job_id"]
     run_id = json.loads((ckpts / "job.json").read_text())["run_id"]
     subprocess.run(["scancel", "--signal=USR2", job_id], env=env, check=True)
@@ -167,8 +157,8 @@ def test_scancel_of_a_train_job_says_cancelled_and_closes_the_run(workdir, prepa
         proc = launch_train(workdir, prepared_digits, env, stdout=out, stderr=err)
     job_id = None
     try:
-        job_id = wait_for("a job id", lambda: json_key(workdir / "out/slurm.json", "job_id"), proc)
-        run_id = wait_for("an MLflow run", lambda: json_key(workdir / "out/checkpoints/job.json", "run_id"), proc)
+        job_id = wait_for(lambda: json_key(workdir / "out/slurm.json", "job_id"), 180, "a job id", proc)
+        run_id = wait_for(lambda: json_key(workdir / "out/checkpoints/job.json", "run_id"), 180, "an MLflow run", proc)
         squeue = ["squeue", "-h", "-j", job_id, "-o", "%T"]
         state = subprocess.run(squeue, env=env, capture_output=True, text=True).stdout.strip()
         assert state == "RUNNING", state
@@ -236,8 +226,8 @@ def test_a_job_past_its_time_limit_ends_its_run_killed_not_running(workdir, prep
         proc = launch_train(workdir, prepared_digits, env, stdout=out, stderr=err)
     job_id = None
     try:
-        job_id = wait_for("a job id", lambda: json_key(workdir / "out/slurm.json", "job_id"), proc)
-        run_id = wait_for("an MLflow run", lambda: json_key(workdir / "out/checkpoints/job.json", "run_id"), proc)
+        job_id = wait_for(lambda: json_key(workdir / "out/slurm.json", "job_id"), 180, "a job id", proc)
+        run_id = wait_for(lambda: json_key(workdir / "out/checkpoints/job.json", "run_id"), 180, "an MLflow run", proc)
         proc.wait(timeout=300)
     finally:
         if proc.poll() is None:  # a failed assertion: leave no job behind

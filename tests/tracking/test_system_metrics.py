@@ -1,25 +1,18 @@
 """System metrics from every node: two torchrun 'nodes' on this host, one MLflow run, two labels."""
 
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 from mlflow import MlflowClient
 
-from helpers import tiny_params, write_params
+from helpers import free_port, tiny_params, write_params
 from scalelab.config import load_params
 from scalelab.data.store import verify
 from scalelab.training.plan import RunPlan, write_resolved
 
 pytestmark = pytest.mark.distributed
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_every_node_logs_its_system_metrics_into_rank_zeros_run(workdir, prepared_digits):

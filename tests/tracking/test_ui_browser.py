@@ -1,9 +1,10 @@
 """The MLflow UI in a real browser: headless Debian Chromium, driven by Playwright.
 
-    .venv/bin/pytest -q tests/integration/test_ui_browser.py
+    .venv/bin/pytest -q tests/tracking/test_ui_browser.py
 
-Screenshots land in the test's tmp folder; the last one is also copied to
-results/test-artifacts/mlflow-ui.png for people to look at.
+Screenshots land in the test's tmp folder; the last one is also copied to mlflow-ui.png in
+helpers.shown_artifacts_dir() for people to look at (`make test`: results/test-artifacts/; a bare
+pytest run: its temporary folder).
 """
 
 import re
@@ -12,7 +13,7 @@ import shutil
 import pytest
 from mlflow import MlflowClient
 
-from helpers import REPO, run_cli, tiny_params, write_params
+from helpers import run_cli, shown_artifacts_dir, tiny_params, write_params
 from services import browser, mlflow_ui  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
@@ -31,7 +32,6 @@ STUDY = {
 }
 TRAIN = {"strategy": "single", "nproc_per_node": 1}
 WAIT_MS = 90_000  # the first page load compiles a large bundle; slow on a busy 2-core machine
-SHOTS = REPO / "results/test-artifacts"
 
 
 def build_store(workdir, data_dir):
@@ -111,9 +111,10 @@ def test_ui_shows_experiment_training_run_and_study(workdir, prepared_digits, br
             page.screenshot(path=shots / "failure.png")
             raise
         finally:
-            SHOTS.mkdir(parents=True, exist_ok=True)
+            shown = shown_artifacts_dir()
+            shown.mkdir(parents=True, exist_ok=True)
             last = max(shots.glob("*.png"), key=lambda p: p.stat().st_mtime, default=None)
             if last is not None:
-                shutil.copy(last, SHOTS / "mlflow-ui.png")
+                shutil.copy(last, shown / "mlflow-ui.png")
             page.close()
-    assert (SHOTS / "mlflow-ui.png").read_bytes()[:4] == b"\x89PNG"
+    assert (shown / "mlflow-ui.png").read_bytes()[:4] == b"\x89PNG"
