@@ -1,5 +1,6 @@
 """Names are names: a path separator or '..' in a profile, workload, experiment or sweep name is
-bad input naming the key, and sweep values never reach a shell."""
+bad input naming the key, and sweep values never reach a shell: refused ones exit 2 before
+anything runs, and one that validation accepts is carried as data, verbatim."""
 
 from pathlib import Path
 
@@ -20,6 +21,7 @@ def test_a_name_that_is_a_path_is_refused_naming_the_key(tmp_path, key, value):
         load_params(tmp_path / "p.yaml")
 
 
+@pytest.mark.integration  # the CLI, in a process of its own
 @pytest.mark.parametrize("name", ["../x", "a/b"])
 def test_a_sweep_name_that_is_a_path_is_refused(workdir, prepared_digits, name):
     write_params(workdir / "params.yaml", tiny_params())
@@ -27,6 +29,7 @@ def test_a_sweep_name_that_is_a_path_is_refused(workdir, prepared_digits, name):
     assert proc.returncode == 2 and "--name" in proc.stderr.strip().splitlines()[-1], proc.stderr
 
 
+@pytest.mark.integration  # the CLI, in a process of its own, once per value
 def test_sweep_values_never_reach_a_shell(workdir, prepared_digits, tmp_path):
     marker = tmp_path / "pwned"
     write_params(workdir / "params.yaml", tiny_params())
@@ -41,3 +44,15 @@ def test_sweep_values_never_reach_a_shell(workdir, prepared_digits, tmp_path):
         )
         assert proc.returncode == 2, (spec, proc.stderr)
         assert not marker.exists() and not Path(workdir / "results").exists()
+
+
+def test_a_sweep_value_that_validation_accepts_is_carried_as_data(workdir, tmp_path):
+    from scalelab.training import sweep
+
+    marker = tmp_path / "pwned"
+    value = f"x;touch {marker} $(touch {marker}) `touch {marker}`"  # a free-text field: valid
+    write_params(workdir / "params.yaml", tiny_params())
+    _, elements = sweep.plan("params.yaml", [f"data.file.label_column={value}", "train.lr=0.001,0.002"])
+    assert [params.data.file.label_column for _, params in elements] == [value, value]
+    assert [params.train.lr for _, params in elements] == [0.001, 0.002]
+    assert not marker.exists()

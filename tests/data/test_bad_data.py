@@ -37,6 +37,7 @@ CASES = {
 }
 
 
+@pytest.mark.integration  # `scalelab prepare`, in a process of its own
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_bad_data_exits_2_before_anything_is_written(workdir, case):
     make, needles = CASES[case]

@@ -48,6 +48,7 @@ def test_preflight_refuses_a_store_the_compute_nodes_cannot_reach(tmp_path):
         slurm.preflight(p, PROFILE, f"http://127.0.0.1:{free_port()}")
 
 
+@pytest.mark.integration  # `scalelab train`, in a process of its own
 def test_a_refused_job_exits_2_before_anything_is_submitted(workdir, prepared_digits):
     (workdir / "slurm/profiles").mkdir(parents=True)
     (workdir / "slurm/profiles/usr1.yaml").write_text(

@@ -13,9 +13,11 @@ from scalelab.reproduce.compare import compare_metrics, compare_params, compare_
 LOSS = [(s, 1.0 / s) for s in range(5, 31, 5)]
 
 
-@pytest.fixture
-def client(workdir):
-    return MlflowClient(tracking.tracking_uri())
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    """One SQLite store for the module (creating MLflow's schema takes seconds); each test makes its
+    own runs in it and compares only those."""
+    return MlflowClient(f"sqlite:///{tmp_path_factory.mktemp('compare') / 'mlflow.db'}")
 
 
 def make_run(client, loss=LOSS, params=None, sha="ab" * 32, step_ms=7.0):

@@ -7,13 +7,17 @@ import time
 
 from scalelab.runtime import lifeline
 
-# the "launcher" starts a worker, prints its pid and dies after 2 s; the worker would sleep 60 s
+# the "launcher" starts a worker, waits until it watches its launcher, prints its pid and dies; the
+# worker would sleep 60 s
 LAUNCHER = """
-import subprocess, sys, time
-worker = "from scalelab.runtime import lifeline; import time; lifeline.exit_with_torchrun(0.1); time.sleep(60)"
-out = subprocess.DEVNULL
-print(subprocess.Popen([sys.executable, "-c", worker], stdout=out, stderr=out).pid, flush=True)
-time.sleep(2)
+import subprocess, sys
+worker = (
+    "from scalelab.runtime import lifeline; import time; lifeline.exit_with_torchrun(0.1); "
+    "print('watching', flush=True); time.sleep(60)"
+)
+proc = subprocess.Popen([sys.executable, "-c", worker], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+assert proc.stdout.readline() == "watching\\n"
+print(proc.pid, flush=True)
 """
 
 
@@ -45,4 +49,5 @@ def test_a_torchrun_worker_whose_launcher_died_stops_itself():
 def test_outside_torchrun_nothing_is_watched(monkeypatch):
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     assert lifeline.exit_with_torchrun() is None
-    assert orphan_lives_for({k: v for k, v in os.environ.items() if k != "TORCHELASTIC_RUN_ID"}, wait_s=3)
+    # 10 of the watcher's 0.1 s polls: a watched worker would have stopped by then (the test above)
+    assert orphan_lives_for({k: v for k, v in os.environ.items() if k != "TORCHELASTIC_RUN_ID"}, wait_s=1)

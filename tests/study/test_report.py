@@ -151,7 +151,8 @@ def test_the_default_grid_keeps_todays_figures():
         row = frame.loc[name]
         assert row.speedup == pytest.approx(SPS[name] / SPS["single-t1"])
         assert row.speedup_vs_single_all == pytest.approx(SPS[name] / SPS["single-t2"])
-        assert row.efficiency == pytest.approx(row.speedup / row.world_size)
+        # from the numbers put in, not from the speedup column the code computed
+        assert row.efficiency == pytest.approx(SPS[name] / SPS["single-t1"] / SETUPS[name][1])
 
 
 def test_break_even_is_compile_time_over_the_step_time_saved():
@@ -190,8 +191,9 @@ def test_noisy_flips_above_a_ten_percent_spread():
     frame = measured.table(speedup_cfg().speedup, cells, results, None).set_index("name")
     quiet_flag = frame.loc["single-t2", "noisy"]
     assert isinstance(quiet_flag, (bool, np.bool_)) and not quiet_flag
-    assert measured.is_noisy(frame.loc["ddp-w1", "noisy"])
-    assert not measured.is_noisy(frame.loc["single-t1", "noisy"])
+    loud_flag, base_flag = frame.loc["ddp-w1", "noisy"], frame.loc["single-t1", "noisy"]
+    assert isinstance(loud_flag, (bool, np.bool_)) and loud_flag  # read here, not by measured.is_noisy
+    assert isinstance(base_flag, (bool, np.bool_)) and not base_flag
 
 
 def test_article_table_names_threads_and_keeps_to_the_reference_axes(tmp_path):
@@ -325,6 +327,7 @@ def test_batch_figure_ticks_are_the_measured_batches(tmp_path):
         assert list(ax.get_xticks()) == [64, 256]
 
 
+@pytest.mark.integration  # a real MLflow store: its schema, a parent and a child run per cell
 def test_mlflow_children_carry_the_axes_and_the_parent_the_batch_files(workdir):
     from mlflow import MlflowClient
 

@@ -7,11 +7,10 @@
 import pytest
 from mlflow import MlflowClient
 
-from helpers import run_cli
+from helpers import free_port, run_cli
 from scalelab import tracking
 from scalelab.config import ConfigError
 from scalelab.tracking import unsent
-from services import free_port
 
 
 @pytest.fixture
@@ -27,6 +26,7 @@ def rows(n, key="loss"):
 def test_finish_against_a_dead_server_writes_every_metric_and_the_status_to_a_file(workdir, monkeypatch):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    monkeypatch.setenv("SCALELAB_STORE_BACKOFF_S", "0.01")  # finish's retries: 0.02, 0.04, 0.08 s, not 1, 2, 4
     uri = f"http://scalelab:hunter2hunter2@127.0.0.1:{free_port()}"  # nothing listens there
     tracker = tracking.MlflowTracker(MlflowClient(uri), "0123abcd")
     for step in range(1, 26):
@@ -61,6 +61,7 @@ def test_a_second_spill_of_the_same_run_adds_to_the_file(workdir):
     assert saved.files == {"x/f.json": b"1", "g.txt": b"2"}
 
 
+@pytest.mark.integration  # the CLI, in a process of its own
 def test_send_metrics_stores_the_file_sets_the_status_and_removes_it(sqlite_run, workdir):
     uri, run_id = sqlite_run
     client = MlflowClient(uri)
@@ -81,6 +82,7 @@ def test_send_metrics_stores_the_file_sets_the_status_and_removes_it(sqlite_run,
     assert client.get_run(run_id).info.status == "FINISHED"
 
 
+@pytest.mark.integration  # the CLI, in a process of its own
 def test_send_metrics_refuses_a_file_for_another_store(sqlite_run, workdir):
     _, run_id = sqlite_run
     path = unsent.spill(workdir, run_id, "http://u:secretsecret@mlflow.lab:5000", unsent.Unsent(rows(2))).path
@@ -114,6 +116,7 @@ def test_a_missing_file_is_refused_naming_it(tmp_path):
         unsent.read(tmp_path / "nope.json")
 
 
+@pytest.mark.integration  # the CLI, in a process of its own
 def test_evaluate_against_a_dead_store_keeps_test_accuracy_in_a_file_and_exits_1(workdir, prepared_digits):
     import torch
 
@@ -127,7 +130,11 @@ def test_evaluate_against_a_dead_store_keeps_test_accuracy_in_a_file_and_exits_1
     blob = {"model": wl.model.state_dict(), "workload": train["workload"], "model_config": train["model"]}
     torch.save({**blob, "input_shape": [1, 8, 8], "num_classes": 10}, workdir / "train/model.pt")
     (workdir / "train/run.json").write_text('{"run_id": "feed0123"}')
-    env = {"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{free_port()}", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
+    env = {
+        "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{free_port()}",
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+        "SCALELAB_STORE_BACKOFF_S": "0.01",
+    }
     args = ("evaluate", "--data", str(prepared_digits), "--train", "train", "--out", "eval/metrics.json")
     proc = run_cli(*args, cwd=workdir, env=env, check=False)
     path = workdir / "eval/unsent-metrics-feed0123.json"
