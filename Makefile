@@ -1,4 +1,5 @@
-# scalelab: `make repro` sets up .venv and runs the pipeline; `make test` runs the test suite.
+# scalelab: `make repro` sets up .venv and runs the pipeline; `make test` runs the whole test suite,
+# `make test-fast` its fast tier (for development).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(CURDIR)/$(VENV)/bin
@@ -7,7 +8,7 @@ export PATH := $(BIN):$(PATH)
 HOST ?= 127.0.0.1
 PORT ?= 5000
 
-.PHONY: setup repro test lint ui bench lock mlflow-server slurm-up slurm-down clean
+.PHONY: setup repro test test-fast lint ui bench lock mlflow-server slurm-up slurm-down clean
 
 setup: $(STAMP)
 
@@ -22,8 +23,23 @@ repro: setup
 	$(BIN)/dvc repro
 	$(BIN)/scalelab summary
 
+# The tiers (tests/conftest.py): test-fast leaves out the tests marked slow or needing a service;
+# a test without a marker that takes over 5 s fails there. Both run on pytest-xdist workers (tests of
+# one service share a worker: --dist loadgroup); PYTEST_ARGS adds options (a path, -k, a seed).
+FAST_TIER    := not slow and not slurm and not browser and not postgres and not gpu
+TEST_WORKERS ?= 3
+FAST_WORKERS ?= 2
+PYTEST_ARGS  ?=
+
+# Everything, services included; the fault tests' figures go to results/bench/reliability.json.
 test: lint
-	$(BIN)/pytest
+	SCALELAB_RELIABILITY_JSON=$(CURDIR)/results/bench/reliability.json \
+	SCALELAB_TEST_ARTIFACTS=$(CURDIR)/results/test-artifacts \
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+# The fast tier in random order (its seed is printed: rerun with PYTEST_ARGS=--random-order-seed=N).
+test-fast: setup
+	$(BIN)/pytest -m "$(FAST_TIER)" -n $(FAST_WORKERS) --dist loadgroup --random-order-bucket=module $(PYTEST_ARGS)
 
 # ruff (pinned in requirements.lock): lint rules and formatting, configured in pyproject.toml.
 lint: setup

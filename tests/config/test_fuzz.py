@@ -97,6 +97,7 @@ def assert_one_clean_line(code, err, workdir, kind):
     CASES[kind][0] += 1
 
 
+@pytest.mark.slow  # hundreds of cases: `make test`
 @settings(max_examples=300, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(blob=bad_params())
 def test_fuzzed_params_exit_2_with_one_line(workdir, prepared_digits, blob):
@@ -121,6 +122,7 @@ KEYS = [
 BAD_OVERRIDE_VALUES = ["-1", "[1,", "{a: [", "-1e308", "[64,64],[-1]", "'unclosed", "abc,def", "1e-3,{}", "", "[[", ":"]
 
 
+@pytest.mark.slow  # hundreds of cases: `make test`
 @settings(max_examples=120, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(key=st.sampled_from(KEYS), value=st.sampled_from(BAD_OVERRIDE_VALUES), sep=st.sampled_from(["=", "", "=="]))
 def test_fuzzed_overrides_exit_2_with_one_line(workdir, prepared_digits, key, value, sep):

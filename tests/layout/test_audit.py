@@ -159,6 +159,7 @@ def probe_pypi() -> str:
         return f"{url} is unreachable ({exc})"
 
 
+@pytest.mark.slow  # asks PyPI and OSV over the network
 def test_requirements_lock_has_no_unreviewed_known_vulnerability(tmp_path):
     allowed = read_allowlist(ALLOWLIST.read_text(), ALLOWLIST.name)
     why_not = []

@@ -10,7 +10,7 @@ from mlflow import MlflowClient
 
 from helpers import run_cli, tiny_params, training_pipeline
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_reproduce_asks_for_yes_matches_then_refuses_a_foreign_commit_a_changed_diff_and_altered_data(repo_copy):

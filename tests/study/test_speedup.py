@@ -10,7 +10,7 @@ from mlflow import MlflowClient
 
 from helpers import run_cli, tiny_params, write_params
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TINY = {
     "model": {"hidden": [64], "dropout": 0.0},

@@ -59,6 +59,7 @@ def test_secret_file_names_and_uri_masks():
     assert mask_uri("postgresql://u:pw@db/x") == "postgresql://u:***@db/x"
 
 
+@pytest.mark.slow  # prepare and a training job in a copy of the repo
 @pytest.mark.integration
 def test_a_run_with_an_untracked_env_file_holds_the_secret_nowhere(repo_copy, tmp_path):
     write_params(repo_copy / "params.yaml", tiny_params(train={"epochs": 1}))

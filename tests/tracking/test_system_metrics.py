@@ -15,6 +15,7 @@ from scalelab.training.plan import RunPlan, write_resolved
 pytestmark = pytest.mark.distributed
 
 
+@pytest.mark.slow  # two torchrun "nodes" sampling for seconds
 def test_every_node_logs_its_system_metrics_into_rank_zeros_run(workdir, prepared_digits):
     params = load_params(
         write_params(

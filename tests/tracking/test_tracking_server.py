@@ -172,6 +172,7 @@ def request(server: Locked, method: str, target: str, headers: dict[str, str] | 
 SEARCH = "/api/2.0/mlflow/experiments/search?max_results=10"
 
 
+@pytest.mark.slow  # a served MLflow server (locked_server), started once for these
 def test_locked_server_binds_loopback_and_needs_the_right_password(locked_server):
     assert listening_addresses(locked_server.port) == {"127.0.0.1"}
     assert request(locked_server, "GET", SEARCH)[0] == 200  # the control: the right password works
@@ -197,6 +198,7 @@ def traversal_targets(server: Locked) -> list[str]:
     return targets
 
 
+@pytest.mark.slow  # a served MLflow server (locked_server), started once for these
 def test_path_traversal_on_artifact_endpoints_gets_4xx_and_no_file_content(locked_server):
     run = locked_server.run_id
     status, _, body = request(locked_server, "GET", f"/get-artifact?path=hello.txt&run_uuid={run}")
@@ -212,6 +214,7 @@ def test_path_traversal_on_artifact_endpoints_gets_4xx_and_no_file_content(locke
     assert not leaks, leaks
 
 
+@pytest.mark.slow  # a served MLflow server (locked_server), started once for these
 def test_a_foreign_host_header_and_a_foreign_cors_preflight_are_refused(locked_server):
     assert request(locked_server, "GET", SEARCH, headers={"Host": "evil.example"})[0] == 403
     assert request(locked_server, "GET", SEARCH, headers={"Host": f"evil.example:{locked_server.port}"})[0] == 403
@@ -236,6 +239,7 @@ def mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
+@pytest.mark.slow  # a served MLflow server (locked_server), started once for these
 def test_store_files_are_readable_by_the_server_user_only(locked_server):
     store, auth = locked_server.store, locked_server.auth_dir
     files = [store / "mlflow.db", auth / "basic_auth.db", auth / "basic_auth.ini", auth / "secret_key"]
@@ -255,6 +259,7 @@ def test_store_files_are_readable_by_the_server_user_only(locked_server):
         (ADMIN_PASSWORD, "settings accepted"),  # the control: CHECK_ONLY=1, so nothing is served
     ],
 )
+@pytest.mark.slow  # a served MLflow server (locked_server), started once for these
 def test_a_restart_needs_the_admin_password(locked_server, password, says):
     env = {"AUTH": "basic", "AUTH_DIR": str(locked_server.auth_dir), "CHECK_ONLY": "1"}
     env |= {"MLFLOW_AUTH_ADMIN_PASSWORD": password} if password else {}

@@ -74,6 +74,7 @@ def write_trial_figures():
         record_reliability("checkpoint_faults", dict(TRIALS, points=POINTS))
 
 
+@pytest.mark.slow  # a whole training job beside the refused one
 @pytest.mark.distributed
 def test_a_second_job_on_the_same_folder_fails_at_once_and_deletes_nothing(workdir, prepared_digits):
     write_params(workdir / "params.yaml", tiny_params(train={"epochs": 60}, tracking={"system_metrics_interval_s": 0}))

@@ -39,6 +39,7 @@ def test_ddp_ranks_end_with_identical_weights(workdir, prepared_digits):
     assert json.loads((out / "metrics.json").read_text())["ranks_in_sync"] == 1.0
 
 
+@pytest.mark.slow  # three training jobs
 def test_same_seed_gives_bitwise_identical_weights(workdir, prepared_digits):
     a = train(workdir, prepared_digits, out="a", tracking={"enabled": False})
     b = train(workdir, prepared_digits, out="b", tracking={"enabled": False})
@@ -47,6 +48,7 @@ def test_same_seed_gives_bitwise_identical_weights(workdir, prepared_digits):
     assert not torch.equal(weights(a)["1.weight"], weights(c)["1.weight"])
 
 
+@pytest.mark.slow  # two training jobs
 def test_grad_accumulation_with_no_sync_matches_large_batch(workdir, prepared_digits):
     base = {"model": {"hidden": [32], "dropout": 0.0}, "optimizer": "sgd", "lr": 0.05}
     big = train(workdir, prepared_digits, out="big", tracking={"enabled": False}, train={**base, "batch_size": 32})
@@ -82,6 +84,7 @@ def sigkill_after_first_checkpoint(workdir, prepared_digits, sections):
     return ckpts, run_id_before
 
 
+@pytest.mark.slow  # three training jobs, one killed
 def test_sigkill_then_resume_matches_uninterrupted_run(workdir, prepared_digits):
     sections = {"train": {"epochs": 12, "checkpoint_every_steps": 20}}
     ref = train(workdir, prepared_digits, out="ref", tracking={"enabled": False}, **sections)

@@ -11,6 +11,7 @@ from helpers import run_cli, tiny_params, write_params
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.slow  # a profiled training job
 def test_every_rank_trace_is_logged_loads_and_has_its_size(workdir, prepared_digits, tmp_path):
     stale = workdir / "results/train/profile"  # an earlier run's files must not be logged
     stale.mkdir(parents=True)

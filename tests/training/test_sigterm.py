@@ -9,7 +9,7 @@ from mlflow import MlflowClient
 
 from helpers import BIN, group_alive, tiny_params, wait_for, write_params
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 
 def test_sigterm_to_torchrun_ends_the_run_killed_or_failed(workdir, prepared_digits):
