@@ -150,6 +150,25 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture(scope="session")
+def mlflow_schema(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty MLflow SQLite store with its schema made, once per worker (MLflow's migrations take
+    seconds, and most tracking tests would otherwise run them on a fresh store)."""
+    from mlflow import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow-schema") / "mlflow.db"
+    MlflowClient(f"sqlite:///{path}").search_experiments()
+    return path
+
+
+@pytest.fixture
+def store_ready(workdir: Path, mlflow_schema: Path) -> Path:
+    """`workdir` holding an empty mlflow.db with its schema: what the first MLflow call there
+    would make, copied instead of migrated again. Returns workdir."""
+    shutil.copy(mlflow_schema, workdir / "mlflow.db")
+    return workdir
+
+
+@pytest.fixture(scope="session")
 def prepared_digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """data/prepared for the default digits source, built once per session (per xdist worker, in
     its own temporary folder). Tests only read it."""

@@ -328,7 +328,7 @@ def test_batch_figure_ticks_are_the_measured_batches(tmp_path):
 
 
 @pytest.mark.integration  # a real MLflow store: its schema, a parent and a child run per cell
-def test_mlflow_children_carry_the_axes_and_the_parent_the_batch_files(workdir):
+def test_mlflow_children_carry_the_axes_and_the_parent_the_batch_files(workdir, store_ready):
     from mlflow import MlflowClient
 
     cells, results = grid()

@@ -15,7 +15,7 @@ def test_only_local_rank_zero_of_a_tracked_job_monitors(workdir):
     assert sysmetrics.start("abc", dist.DistEnv(), 0.0).monitor is None  # switched off
 
 
-def test_monitor_logs_into_the_run_under_the_node_name(workdir, monkeypatch):
+def test_monitor_logs_into_the_run_under_the_node_name(workdir, store_ready, monkeypatch):
     monkeypatch.delenv("MLFLOW_SYSTEM_METRICS_NODE_ID", raising=False)
     monkeypatch.delenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", raising=False)
     tracker = tracking.MlflowTracker.open("t", run_name="r")

@@ -10,7 +10,10 @@ from scalelab.runtime.signals import Terminated
 
 
 @pytest.fixture
-def store(workdir):
+def store(store_ready, monkeypatch):
+    # the store answers: flush and finish wait for the writer (a niced process, slow to start on a
+    # busy machine) until it has stored everything, not for the default 20 s
+    monkeypatch.setenv("SCALELAB_FINISH_WAIT_S", "600")
     return MlflowClient(tracking.tracking_uri())
 
 
@@ -58,7 +61,9 @@ def test_metrics_survive_a_dead_writer(store):
 
 
 @pytest.mark.parametrize("error, status", [(Terminated(143), "KILLED"), (RuntimeError("boom"), "FAILED")])
-def test_run_ending_in_an_exception_is_flushed_and_marked(workdir, prepared_digits, monkeypatch, error, status):
+def test_run_ending_in_an_exception_is_flushed_and_marked(
+    workdir, store_ready, prepared_digits, monkeypatch, error, status
+):
     write_params(
         workdir / "p.yaml",
         tiny_params(

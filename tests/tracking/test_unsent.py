@@ -14,7 +14,7 @@ from scalelab.tracking import unsent
 
 
 @pytest.fixture
-def sqlite_run(workdir):
+def sqlite_run(store_ready):
     tracker = tracking.MlflowTracker.open("t", run_name="r")
     return tracking.tracking_uri(), tracker.run_id
 

@@ -12,7 +12,9 @@ from scalelab.training.job import NonFiniteLossError
 
 @pytest.mark.integration  # training runs in this process, into a real MLflow store
 @pytest.mark.parametrize("checkpoint_every", [1, 3])  # every step, and between logging windows
-def test_non_finite_loss_fails_the_run_and_keeps_only_finite_checkpoints(workdir, prepared_digits, checkpoint_every):
+def test_non_finite_loss_fails_the_run_and_keeps_only_finite_checkpoints(
+    workdir, store_ready, prepared_digits, checkpoint_every
+):
     write_params(
         workdir / "p.yaml",
         tiny_params(

@@ -65,7 +65,9 @@ class CrashAtCheck(StopAtCheck):
 
 @pytest.mark.integration  # three training runs in this process, into a real MLflow store
 @pytest.mark.parametrize("fault", ["stop", pytest.param("crash", marks=pytest.mark.slow)])
-def test_metric_history_after_a_stop_between_logging_steps_equals_an_uninterrupted_run(workdir, prepared_digits, fault):
+def test_metric_history_after_a_stop_between_logging_steps_equals_an_uninterrupted_run(
+    workdir, store_ready, prepared_digits, fault
+):
     # log every 5 steps, checkpoint every 7: the stop (step 43) and the crash (step 47, resumed from
     # the checkpoint at 42, steps 43..47 recomputed) both fall inside an open logging window
     write_params(
