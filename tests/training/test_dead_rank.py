@@ -16,6 +16,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 
 def start(workdir, prepared_digits, **train):
+    """`scalelab train` in the background: long enough (300 epochs) that a killed rank kills it."""
     write_params(
         workdir / "params.yaml",
         tiny_params(
@@ -75,12 +76,24 @@ def test_sigkill_of_any_rank_fails_the_run_and_names_the_rank(workdir, prepared_
     record_reliability("dead_rank", {f"rank{rank}_detect_s": round(detect_s, 2), f"rank{rank}_run_closed": True})
 
 
+def stop_after_first_checkpoint(workdir, proc, victim):
+    """SIGSTOPs `victim` within a few steps of the first checkpoint, however slow this machine is:
+    it runs in 20 ms slices (SIGCONT, then SIGSTOP) until the checkpoint is on disk, so the job
+    cannot get far past it, or end, while the test looks. Returns when the victim stays stopped."""
+    victim.suspend()
+    while not list((workdir / "out/checkpoints").glob("step-*.pt")):
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        victim.resume()
+        time.sleep(0.02)  # a time slice for the victim, not a wait for an outcome
+        victim.suspend()
+
+
 def test_a_stopped_rank_times_out_and_the_rerun_resumes(workdir, prepared_digits):
-    timeout_s = 10
-    proc = start(workdir, prepared_digits, collective_timeout_s=timeout_s)
+    timeout_s, epochs = 10, 10
+    train = {"epochs": epochs, "checkpoint_every_steps": 20, "collective_timeout_s": timeout_s}
+    proc = start(workdir, prepared_digits, **train)
     victim = worker(proc, 1)
-    wait_checkpoint(workdir, proc)
-    victim.send_signal(signal.SIGSTOP)  # its sockets stay open: the others wait, until the timeout
+    stop_after_first_checkpoint(workdir, proc, victim)  # its sockets stay open: the others wait, until the timeout
     stopped = time.time()
     try:
         _, err = proc.communicate(timeout=timeout_s + 90)
@@ -93,13 +106,11 @@ def test_a_stopped_rank_times_out_and_the_rerun_resumes(workdir, prepared_digits
     run = the_run(workdir)
     assert run.info.status == "FAILED"
     newest = max(int(p.stem.split("-")[1]) for p in (workdir / "out/checkpoints").glob("step-*.pt"))
+    total = epochs * 19  # digits: 19 global batches of 64 per epoch
+    assert 0 < newest < total, newest
 
-    write_params(
-        workdir / "params.yaml",
-        tiny_params(  # the same job, shorter: the rerun resumes
-            train={"epochs": 300, "checkpoint_every_steps": 20, "collective_timeout_s": timeout_s},
-            tracking={"system_metrics_interval_s": 0},
-        ),
+    write_params(  # the same job: the rerun resumes
+        workdir / "params.yaml", tiny_params(train=train, tracking={"system_metrics_interval_s": 0})
     )
     rerun = subprocess.run(
         [str(BIN / "scalelab"), "train", "--data", str(prepared_digits), "--out", "out"],
@@ -110,12 +121,13 @@ def test_a_stopped_rank_times_out_and_the_rerun_resumes(workdir, prepared_digits
         timeout=900,
     )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"| {newest}/{total} [" in rerun.stderr, rerun.stderr[-3000:]  # from the checkpoint, not from scratch
     assert json.loads((workdir / "out/run.json").read_text())["run_id"] == run.info.run_id
     steps = [
         m.step
         for m in MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}").get_metric_history(run.info.run_id, "train_loss")
     ]
-    assert steps == sorted(set(steps)) and steps[-1] == 300 * 19 and newest > 0
+    assert steps == sorted(set(steps)) and steps[-1] == total
     assert the_run(workdir).info.status == "FINISHED"
     record_reliability(
         "hung_rank",
