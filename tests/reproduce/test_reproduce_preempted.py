@@ -1,6 +1,10 @@
-"""`scalelab reproduce` of a preempted run: SIGTERM to `dvc repro` during train (a scheduler's
+"""`scalelab reproduce` of a preempted FSDP run: SIGTERM to `dvc repro` during train (a scheduler's
 preemption), the rerun resumes into the same MLflow run, and one uninterrupted reproduction matches
-its every param, metric step and the final weights."""
+its every param, metric step and the final weights.
+
+The run is FSDP's (2 gloo processes), so this is also the test that `reproduce` matches an FSDP
+run end to end (it was a test of its own in tests/training/test_fsdp.py); DDP's reproduce is in
+test_reproduce.py."""
 
 import json
 import os
@@ -31,7 +35,12 @@ def train_runs(client):
 
 
 def test_reproduce_of_a_preempted_run_matches(repo_copy):
-    train = {"epochs": EPOCHS, "log_every_steps": LOG_EVERY, "checkpoint_every_steps": CHECKPOINT_EVERY}
+    train = {
+        "strategy": "fsdp",
+        "epochs": EPOCHS,
+        "log_every_steps": LOG_EVERY,
+        "checkpoint_every_steps": CHECKPOINT_EVERY,
+    }
     training_pipeline(repo_copy, tiny_params(train=train, tracking={"system_metrics_interval_s": 0}), commit=True)
     log_path = repo_copy.parent / "preempted.log"
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
@@ -67,6 +76,7 @@ def test_reproduce_of_a_preempted_run_matches(repo_copy):
     assert f"| {resumed}/{TOTAL} [" in text, text[-3000:]  # the progress bar starts at the checkpoint
     (after,) = train_runs(client)  # resumed into the same run, no second one
     assert after.info.run_id == run.info.run_id and after.info.status == "FINISHED"
+    assert after.data.tags["scalelab.strategy"] == "fsdp"
     assert json.loads((repo_copy / "results/train/run.json").read_text())["run_id"] == run.info.run_id
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
     assert sorted(steps) == [*range(LOG_EVERY, TOTAL, LOG_EVERY), TOTAL], steps  # each step once, and the last

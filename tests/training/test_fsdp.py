@@ -1,5 +1,8 @@
 """train.strategy fsdp (FSDP2, 2 gloo processes) through the real CLI and torchrun: the same math as
-one process and as ddp, grad accumulation, resume after SIGKILL, full-state checkpoints, reproduce."""
+one process and as ddp, grad accumulation, resume after SIGKILL, full-state checkpoints.
+
+`dvc repro` then `scalelab reproduce` of an FSDP run (preempted and resumed, too) is
+tests/reproduce/test_reproduce_preempted.py."""
 
 import json
 
@@ -8,7 +11,7 @@ import torch
 from mlflow import MlflowClient
 from test_ddp import assert_same_weights, sigkill_after_first_checkpoint, train, weights
 
-from helpers import run_cli, tiny_params, training_pipeline
+from helpers import run_cli
 
 pytestmark = pytest.mark.distributed
 
@@ -27,6 +30,7 @@ def assert_close_weights(a, b):
         torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5, msg=lambda m, key=key: f"{key}: {m}")
 
 
+@pytest.mark.slow  # four training jobs
 def test_fsdp_matches_one_process_and_ddp_and_accumulates_gradients(workdir, prepared_digits):
     # DistributedSampler deals one shuffled order round-robin: at every step the 2 ranks' batches of
     # B together are exactly the one process's batch of 2B, so the runs differ only in float rounding
@@ -50,6 +54,7 @@ def test_fsdp_matches_one_process_and_ddp_and_accumulates_gradients(workdir, pre
     assert_close_weights(acc, single)
 
 
+@pytest.mark.slow  # three training jobs, one killed
 def test_fsdp_sigkill_then_resume_matches_uninterrupted_run(workdir, prepared_digits):
     sections = {"train": {**FSDP, "epochs": EPOCHS, "checkpoint_every_steps": 20}}
     ref = train(workdir, prepared_digits, out="ref", tracking={"enabled": False}, **sections)
@@ -107,24 +112,3 @@ def test_fsdp_checkpoint_holds_the_full_unsharded_state(workdir, prepared_digits
         buf = entry["momentum_buffer"]
         assert type(buf) is torch.Tensor and buf.shape == plain[name].shape, (name, type(buf), buf.shape)
         assert buf.abs().sum() > 0, name
-
-
-@pytest.mark.integration
-def test_fsdp_dvc_repro_then_reproduce_matches(repo_copy):
-    training_pipeline(
-        repo_copy, tiny_params(train={**FSDP, "epochs": 1}, tracking={"system_metrics_interval_s": 0}), commit=True
-    )
-    run_cli("dvc", "repro", cwd=repo_copy, timeout=900)
-    run_id = json.loads((repo_copy / "results/train/run.json").read_text())["run_id"]
-    client = MlflowClient(f"sqlite:///{repo_copy / 'mlflow.db'}")
-    assert client.get_run(run_id).data.tags["scalelab.strategy"] == "fsdp"
-
-    # no --yes: the run's only recorded diff is the untracked dvc.lock, which is not code
-    rep = run_cli("reproduce", run_id, cwd=repo_copy, check=False, timeout=900)
-    print(rep.stdout)  # the table, shown with `pytest -rP`
-    assert rep.returncode == 0 and "RESULT: match" in rep.stdout, rep.stdout + rep.stderr[-3000:]
-    rows = {line.split("  ")[0]: line for line in rep.stdout.splitlines()}
-    assert rows["weights sha256"].endswith("match"), rows["weights sha256"]
-    for metric in ("train_loss", "val_accuracy", "test_accuracy", "ranks_in_sync"):
-        row = next(v for k, v in rows.items() if k.startswith(f"metric {metric} "))
-        assert row.endswith("match"), row
