@@ -1,4 +1,5 @@
-"""`dvc repro train` in a copy of the repo: the run carries the whole provenance bundle and seed ledger."""
+"""`dvc repro` in a copy of the repo (the session's shared trained_pipeline, which these tests only
+read): the run carries the whole provenance bundle and seed ledger."""
 
 import hashlib
 import json
@@ -7,22 +8,18 @@ import platform
 import socket
 import subprocess
 
+import numpy as np
 import pytest
 import torch
 import yaml
 from mlflow import MlflowClient
 
-from helpers import run_cli, tiny_params, training_pipeline
+from helpers import REPO
 from scalelab.config import build, to_dict
 from scalelab.config.schema import TrackingConfig, TrainConfig
 from scalelab.runtime import seeds
 
-pytestmark = pytest.mark.integration
-
-
-def pipeline_without_study(repo):
-    """Tiny params and dvc.yaml without the speedup stage, left uncommitted: a dirty tree."""
-    return training_pipeline(repo, tiny_params(tracking={"system_metrics_interval_s": 2.0}))
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def artifact(client, run_id, name, tmp_path):
@@ -30,25 +27,9 @@ def artifact(client, run_id, name, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """One `dvc repro train` shared by the checks below (they only read the store)."""
-    from helpers import REPO
-
-    repo = tmp_path_factory.mktemp("prov") / "repo"
-    files = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True, text=True, check=True
-    ).stdout.split()
-    for rel in files:
-        if (REPO / rel).is_file():
-            (repo / rel).parent.mkdir(parents=True, exist_ok=True)
-            (repo / rel).write_bytes((REPO / rel).read_bytes())
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@e"]
-    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=repo, check=True)
-    subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
-    subprocess.run([*git, "commit", "-qm", "copy"], cwd=repo, check=True)
-    pipeline_without_study(repo)
-    (repo / "notes.txt").write_text("an untracked file\n")
-    run_cli("dvc", "repro", "train", cwd=repo, timeout=900)
+def trained(trained_pipeline):
+    """The shared pipeline's one training run and its store (conftest.trained_pipeline)."""
+    repo = trained_pipeline
     client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("scalelab").experiment_id])
     assert len(runs) == 1
@@ -61,7 +42,7 @@ def test_code_provenance(trained, tmp_path):
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
     assert (tags["git.commit"], tags["git.branch"], tags["git.dirty"]) == (head, "main", "true")
     assert int(tags["git.untracked"]) >= 1
-    assert "+  epochs: 2" in artifact(client, run.info.run_id, "provenance/dirty.diff", tmp_path)
+    assert "+  system_metrics_interval_s: 2.0" in artifact(client, run.info.run_id, "provenance/dirty.diff", tmp_path)
     assert "+an untracked file" in artifact(client, run.info.run_id, "provenance/untracked.diff", tmp_path)
 
 
@@ -115,12 +96,15 @@ def test_seed_ledger_as_artifact_and_params(trained, tmp_path):
     repo, client, run = trained
     ledger = json.loads(artifact(client, run.info.run_id, "seeds.json", tmp_path))
     assert ledger["base_seed"] == 0 and ledger["model_init_seed"] == 0
-    assert ledger["rank_seeds"] == {str(r): seeds.rank_seed(0, r) for r in (0, 1)}  # one entry per rank
+    # the documented rule (README, runtime/seeds.py), computed here with numpy, not by scalelab
+    rank_seeds = {str(r): int(np.random.SeedSequence(0, spawn_key=(r,)).generate_state(1)[0]) for r in (0, 1)}
+    assert ledger["rank_seeds"] == rank_seeds  # one entry per rank
     assert ledger["worker_seed_rule"] == seeds.WORKER_RULE and ledger["rank_seed_rule"] == seeds.RANK_RULE
     assert ledger["deterministic_algorithms"] is True and ledger["num_workers"] == 0
     params = run.data.params
     assert {k for k in params if k.startswith("seed.rank.")} == {"seed.rank.0", "seed.rank.1"}
-    assert params["seed.rank.1"] == str(seeds.rank_seed(0, 1)) and params["seed.base"] == "0"
+    assert params["seed.rank.1"] == str(rank_seeds["1"]) and params["seed.base"] == "0"
     assert params["seed.worker_rule"] == seeds.WORKER_RULE and params["seed.deterministic"] == "True"
     config = json.loads(artifact(client, run.info.run_id, "config.json", tmp_path))
-    assert config["train"]["epochs"] == 2 and config["train"]["seed"] == 0
+    default = yaml.safe_load((REPO / "params.yaml").read_text())["train"]
+    assert config["train"]["epochs"] == default["epochs"] and config["train"]["seed"] == 0
