@@ -1,5 +1,12 @@
-"""The study's axes on a small grid: bf16, torch.compile and two batch sizes, with the fp16 cells
-skipped on a CPU; the rows, speedup_batch.csv and the report's answer lines."""
+"""The study's axes: bf16, torch.compile and two batch sizes, with the fp16 cells skipped on a CPU.
+
+The whole grid (3 setups x 2 batches x 3 precisions x 2 compile: 36 cells) is checked as a plan,
+without running it. Two real `scalelab speedup` runs in one folder then measure what each axis
+changes, with few cells: the first crosses batch and precision (bf16 runs, fp16 is skipped) with
+every cell eager; the second adds one compiled cell (ddp-w2, 2 ranks) and reuses the first run's
+cached eager cell. What the report answers from such rows is checked on hand-built results in
+test_report.py.
+"""
 
 import json
 
@@ -8,8 +15,9 @@ import pytest
 from test_speedup import TINY
 
 from helpers import run_cli, tiny_params, write_params
-
-pytestmark = pytest.mark.integration
+from scalelab.config import SpeedupConfig, build
+from scalelab.launch.shape import Capacity, local_capacity
+from scalelab.study.plan import plan
 
 AXES = {
     **TINY,
@@ -20,39 +28,74 @@ AXES = {
     "precisions": ["fp32", "bf16", "fp16"],
     "compile": [False, True],
 }
+FP16_REASON = "fp16 needs CUDA"
 
 
-def test_a_grid_of_precisions_compile_and_batch_sizes(workdir):
-    write_params(workdir / "params.yaml", tiny_params(speedup=AXES, tracking={"enabled": False}))
+def names(setups, batches=("", "-b256"), precisions=("", "-bf16", "-fp16"), compiled=("", "-compiled")):
+    """Cell names in the plan's order: setups, then batch, precision and compile."""
+    return [s + p + c + b for s in setups for b in batches for p in precisions for c in compiled]
+
+
+def test_the_grid_crosses_every_axis_and_skips_fp16_on_a_cpu():
+    cells = plan(
+        build(SpeedupConfig, AXES, "speedup"), Capacity(nodes=1, cpus_per_node=2, gpus_per_node=0, where="this machine")
+    )
+    assert [c.name for c in cells] == names(["single-t1", "single-t2", "ddp-w2"])
+    fp16 = [c for c in cells if c.precision == "fp16"]
+    assert len(fp16) == 12 and all(c.reason.startswith(FP16_REASON) for c in fp16)
+    ran = [c for c in cells if c.precision != "fp16"]
+    assert not any(c.reason for c in ran) and len(ran) == 24
+    assert {(c.precision, c.compile, c.batch_size) for c in ran} == {
+        (p, c, b) for p in ("fp32", "bf16") for c in (False, True) for b in (64, 256)
+    }
+
+
+def study(workdir, **speedup):
+    write_params(workdir / "params.yaml", tiny_params(speedup={**AXES, **speedup}, tracking={"enabled": False}))
     run_cli("speedup", "--out", "results/speedup", cwd=workdir)
     out = workdir / "results/speedup"
-    frame = pd.read_csv(out / "speedup.csv", keep_default_na=False).set_index("name")
+    return out, pd.read_csv(out / "speedup.csv", keep_default_na=False).set_index("name")
 
-    setups = ["single-t1", "single-t2", "ddp-w2"]
-    suffixes = [p + c + b for b in ("", "-b256") for p in ("", "-bf16", "-fp16") for c in ("", "-compiled")]
-    assert list(frame.index) == [s + x for s in setups for x in suffixes]
-    fp16 = frame[frame.precision == "fp16"]
-    assert len(fp16) == 12 and (fp16.status == "skipped").all()
-    assert fp16.reason.str.contains("fp16 needs CUDA").all() and (fp16.samples_per_s_median == "").all()
-    ran = frame[frame.precision != "fp16"]
-    assert (ran.status == "ok").all(), ran.reason.to_dict()
-    assert sorted(set(ran.batch_size.astype(int))) == [64, 256]
-    compiled = ran[ran.compile.astype(str) == "True"]
-    assert len(compiled) == 12 and (compiled.compile_s.astype(float) > 0).all()
-    # each cell ran what its row says: the measured global batch is its batch (x2 ranks for ddp)
-    for name, row in ran.iterrows():
+
+def check_cells_ran_their_rows(out, frame):
+    """Each measured cell ran what its row says: the global batch is its batch (x2 ranks for ddp)."""
+    for name, row in frame[frame.status == "ok"].iterrows():
         [path] = (out / "cells").glob(f"{name}-{'?' * 16}.json")  # the cache: <cell>-<key>.json
         cell = json.loads(path.read_text())
         assert cell["global_batch"] == int(row.batch_size) * int(row.world_size), name
         assert cell["peak_mem_bytes_per_rank"] > 0 and cell["param_bytes_per_rank"] > 0, name
 
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_batch_precision_and_compile_cells_measure_what_their_rows_say(workdir):
+    cores = local_capacity().cpus_per_node
+    setups = [f"single-t{t}" for t in sorted({1, cores})] + ["ddp-w2"]
+    out, frame = study(workdir, compile=[False])
+    assert list(frame.index) == names(setups, compiled=("",))
+    fp16 = frame[frame.precision == "fp16"]
+    assert len(fp16) == 2 * len(setups) and (fp16.status == "skipped").all()
+    assert fp16.reason.str.contains(FP16_REASON).all() and (fp16.samples_per_s_median == "").all()
+    ran = frame[frame.precision != "fp16"]
+    assert (ran.status == "ok").all(), ran.reason.to_dict()
+    assert sorted(set(ran.batch_size.astype(int))) == [64, 256] and set(ran.precision) == {"fp32", "bf16"}
+    check_cells_ran_their_rows(out, frame)
     batch = pd.read_csv(out / "speedup_batch.csv")
     assert sorted(set(batch[batch.name.str.startswith("ddp-w2")].batch_size)) == [64, 256]
     crossover = pd.read_csv(out / "speedup_crossover.csv", keep_default_na=False)
     assert list(crossover.world_size) == [2] and crossover.measured.iloc[0] != ""
-    md = (out / "speedup.md").read_text()
-    answers = md.split("## Answers")[1].split("\n## ")[0]
-    assert "bf16" in answers and "compile" in answers and "crossover" in answers.lower()
-    assert "memory" in answers.lower()
+    answers = (out / "speedup.md").read_text().split("## Answers")[1].split("\n## ")[0]
+    assert "bf16" in answers and "crossover" in answers.lower() and "memory" in answers.lower()
     fastest = frame[frame.status == "ok"].samples_per_s_median.astype(float).idxmax()
-    assert fastest in answers.splitlines()[2] or fastest in answers  # the fastest cell is named
+    assert fastest in answers  # the fastest cell is named
+
+    # one compiled cell, the hardest: DDP on 2 ranks at the reference batch and precision; its
+    # eager cell is the first run's, reused from the cache
+    out, frame = study(workdir, strategies=["ddp"], batch_sizes=[64], precisions=["fp32"])
+    assert list(frame.index) == ["ddp-w2", "ddp-w2-compiled"]
+    assert (frame.status == "ok").all(), frame.reason.to_dict()
+    assert frame.cached.astype(str).to_dict() == {"ddp-w2": "True", "ddp-w2-compiled": "False"}
+    assert float(frame.loc["ddp-w2-compiled", "compile_s"]) > 0
+    check_cells_ran_their_rows(out, frame)
+    answers = (out / "speedup.md").read_text().split("## Answers")[1].split("\n## ")[0]
+    assert "compile" in answers
