@@ -2,6 +2,7 @@
 a missing step, a changed param or seed and changed weights are each a MISMATCH; timing is skipped."""
 
 import math
+import shutil
 
 import pytest
 from mlflow import MlflowClient
@@ -14,10 +15,12 @@ LOSS = [(s, 1.0 / s) for s in range(5, 31, 5)]
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory):
-    """One SQLite store for the module (creating MLflow's schema takes seconds); each test makes its
+def client(tmp_path_factory, mlflow_schema):
+    """One SQLite store for the module (a copy of an empty one: no migrations); each test makes its
     own runs in it and compares only those."""
-    return MlflowClient(f"sqlite:///{tmp_path_factory.mktemp('compare') / 'mlflow.db'}")
+    path = tmp_path_factory.mktemp("compare") / "mlflow.db"
+    shutil.copy(mlflow_schema, path)
+    return MlflowClient(f"sqlite:///{path}")
 
 
 def make_run(client, loss=LOSS, params=None, sha="ab" * 32, step_ms=7.0):

@@ -32,6 +32,7 @@ def test_finish_flushes_the_buffer_and_sets_the_status(store):
     assert [s for s, _ in history(store, tracker.run_id, "loss")] == list(range(1, 31))
 
 
+@pytest.mark.integration  # the writer process (python, mlflow, niced)
 def test_async_flush_goes_through_the_writer_and_replay_adds_no_duplicates(store):
     tracker = tracking.MlflowTracker.open("t", run_name="r")
     for step in range(1, 11):
@@ -48,6 +49,7 @@ def test_async_flush_goes_through_the_writer_and_replay_adds_no_duplicates(store
     assert store.get_run(tracker.run_id).info.status == "FINISHED"
 
 
+@pytest.mark.integration  # the writer process (python, mlflow, niced)
 def test_metrics_survive_a_dead_writer(store):
     tracker = tracking.MlflowTracker.open("t", run_name="r")
     tracker.log_metrics({"loss": 1.0}, 1)
