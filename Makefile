@@ -33,7 +33,7 @@ PYTEST_ARGS  ?=
 
 # Everything, services included; the fault tests' figures go to results/bench/reliability.json.
 test: lint
-	SCALELAB_RELIABILITY_JSON=$(CURDIR)/results/bench/reliability.json \
+	SCALELAB_STRICT_CHECKOUT=1 SCALELAB_RELIABILITY_JSON=$(CURDIR)/results/bench/reliability.json \
 	SCALELAB_TEST_ARTIFACTS=$(CURDIR)/results/test-artifacts \
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 

@@ -41,6 +41,8 @@ UNIT_LIMIT_S = float(os.environ.get("SCALELAB_TEST_UNIT_LIMIT_S", "5"))
 FAST_LIMIT_S = float(os.environ.get("SCALELAB_TEST_FAST_LIMIT_S", "30"))
 # what tools may write in the checkout (pytest's and Python's caches; .venv is `make setup`'s)
 CHECKOUT_IGNORED = {".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache"}
+_CHECKOUT = pytest.StashKey[dict]()  # the checkout's files when the session started
+_CHANGED = pytest.StashKey[tuple]()  # (written by tests, tracked files edited) when it ended
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -104,37 +106,44 @@ def checkout_files(root: Path = REPO) -> dict[str, tuple[int, int]]:
     return found
 
 
-_CHECKOUT = pytest.StashKey[dict]()
+def tracked_files(root: Path = REPO) -> set[str]:
+    out = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, text=True).stdout
+    return set(filter(None, out.split("\0")))
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """The session fails if a test wrote, changed or removed a file in the checkout (make test's
-    reliability.json and screenshots aside, which it asks for by path)."""
+    """The session fails if a file appeared, went or changed in the checkout, where tests never
+    write (make test's reliability.json and screenshot aside, which it asks for by path). An edit
+    to a tracked file fails it only under SCALELAB_STRICT_CHECKOUT=1 (`make test`, CI): elsewhere
+    the developer may have made it while the tests ran, and it is reported."""
     before = session.config.stash.get(_CHECKOUT, None)
     if before is None:
         return
     allowed = (str(reliability_path()), str(shown_artifacts_dir()))
-    after = checkout_files()
+    after, tracked = checkout_files(), tracked_files()
     changed = sorted(
         path
         for path in before.keys() | after.keys()
         if before.get(path) != after.get(path) and not str(REPO / path).startswith(allowed)
     )
-    if changed:
-        session.config.stash[_WROTE] = changed
+    strict = os.environ.get("SCALELAB_STRICT_CHECKOUT") == "1"
+    edited = [p for p in changed if p in tracked and p in before and p in after and not strict]
+    wrote = [p for p in changed if p not in edited]
+    session.config.stash[_CHANGED] = (wrote, edited)
+    if wrote:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-
-_WROTE = pytest.StashKey[list]()
 
 
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):
         return
-    if changed := config.stash.get(_WROTE, None):
+    wrote, edited = config.stash.get(_CHANGED, ([], []))
+    if wrote:
         terminalreporter.section("tests wrote into the checkout", sep="!", red=True)
-        terminalreporter.line(f"{len(changed)} path(s) in {REPO} changed during the session: {changed[:20]}")
+        terminalreporter.line(f"{len(wrote)} path(s) in {REPO} appeared, went or changed: {wrote[:20]}")
+    if edited:
+        terminalreporter.line(f"tracked files edited during the session (by you, or by a test?): {edited[:20]}")
     path = reliability_path()
     if path.is_file():
         terminalreporter.line(f"fault-test figures: {path}")

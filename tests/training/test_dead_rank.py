@@ -80,16 +80,21 @@ def stop_after_first_checkpoint(workdir, proc, victim):
     """SIGSTOPs `victim` within a few steps of the first checkpoint, however slow this machine is:
     it runs in 20 ms slices (SIGCONT, then SIGSTOP) until the checkpoint is on disk, so the job
     cannot get far past it, or end, while the test looks. Returns when the victim stays stopped."""
-    victim.suspend()
-    while not list((workdir / "out/checkpoints").glob("step-*.pt")):
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        victim.resume()
-        time.sleep(0.02)  # a time slice for the victim, not a wait for an outcome
+    try:
         victim.suspend()
+        while not list((workdir / "out/checkpoints").glob("step-*.pt")):
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            victim.resume()
+            time.sleep(0.02)  # a time slice for the victim, not a wait for an outcome
+            victim.suspend()
+    except psutil.NoSuchProcess:
+        raise AssertionError(f"rank 1 ended before the first checkpoint: {proc.communicate()[1][-3000:]}") from None
 
 
 def test_a_stopped_rank_times_out_and_the_rerun_resumes(workdir, prepared_digits):
-    timeout_s, epochs = 10, 10
+    # the timeout also bounds start-up collectives: rank 1 waits at a barrier while rank 0 creates
+    # the MLflow run and its provenance, which takes well over 10 s on a busy machine
+    timeout_s, epochs = 30, 10
     train = {"epochs": epochs, "checkpoint_every_steps": 20, "collective_timeout_s": timeout_s}
     proc = start(workdir, prepared_digits, **train)
     victim = worker(proc, 1)
