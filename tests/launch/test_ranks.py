@@ -9,6 +9,7 @@ import pytest
 from scalelab.launch.local import LaunchError, run_ranks, serve_rank
 
 
+@pytest.mark.integration  # a worker process (the scalelab CLI)
 def test_a_rank_that_fails_raises_its_exit_status_and_last_stderr_lines_not_a_stale_result(tmp_path):
     (tmp_path / "bad.out.json").write_text('{"from": "an earlier run"}')
     with pytest.raises(LaunchError, match=r"^exit 1: .*KeyError: 'hidden'"):
