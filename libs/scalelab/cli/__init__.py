@@ -4,6 +4,7 @@
     scalelab train     --params params.yaml --data data/prepared --out results/train
     scalelab evaluate  --params params.yaml --data data/prepared --train results/train --out results/eval/metrics.json
     scalelab speedup   --params params.yaml --out results/speedup
+    scalelab verify-data --data data/prepared
     scalelab summary | sweep | reproduce | send-metrics | bench
 
 dvc.yaml owns the paths and passes them here. Every command module exposes
@@ -25,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str | None]] = {
     "prepare": ("scalelab.cli.prepare", "build data/prepared from params data.*"),
     "train": ("scalelab.cli.train", "train with params train.* (here, under torchrun, or on SLURM)"),
     "evaluate": ("scalelab.cli.evaluate", "score the trained model on the test split"),
+    "verify-data": ("scalelab.cli.verify_data", "hash every prepared file and compare it with the manifest"),
     "speedup": ("scalelab.cli.speedup", "the speedup study: single vs DataParallel vs DDP at N workers"),
     "summary": ("scalelab.cli.summary", "print the pipeline's headline figures"),
     "sweep": ("scalelab.training.sweep", "a grid of -S overrides as one SLURM job array; status; collect"),
