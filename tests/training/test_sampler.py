@@ -71,9 +71,9 @@ class CountingSplit(FeatureSplit):
         self._arrays = {"x": x, "y": y}
         self.fetched = []
 
-    def fetch(self, indices):
+    def fetch_arrays(self, indices):
         self.fetched.extend(np.asarray(indices).tolist())
-        return super().fetch(indices)
+        return super().fetch_arrays(indices)
 
 
 def plan(n, batch=5, world=2):

@@ -6,6 +6,9 @@ sha256 of small files or a probe of large ones: scalelab.data.arrays); `verify(f
 every byte (`scalelab verify-data`).
 
 A split is a `Split`: its length, `fetch(indices)` (one batch, as tensors) and its manifest entry.
+A DataLoader worker fetches the batch as NumPy arrays in their stored dtypes (`fetch_arrays`: they
+cross to the rank as a few KB of pickled bytes, cheaper than torch's shared-memory handles for
+small batches), and the rank turns them into tensors (`to_tensors`).
 `open_split` maps its files read-only (`np.load(mmap_mode="r")`): every rank of a job shares the
 page cache, and no rank's anonymous memory grows with the data. The loader, training and evaluation
 take a `Split`, never raw tensors; `FeatureSplit.from_arrays` wraps arrays already in memory.
@@ -118,16 +121,25 @@ class Split(torch.utils.data.Dataset):
             state["_arrays"] = None
         return state
 
-    def fetch(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def fetch_arrays(self, indices: np.ndarray) -> tuple[np.ndarray, ...]:
+        """One batch as NumPy arrays in their stored dtypes (one gather from the map each)."""
         raise NotImplementedError
+
+    def to_tensors(self, arrays: tuple[np.ndarray, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`fetch_arrays`' batch as (inputs, targets) tensors."""
+        raise NotImplementedError
+
+    def fetch(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batch: (inputs, targets) for the samples at `indices`, in that order."""
+        return self.to_tensors(self.fetch_arrays(np.asarray(indices, dtype=np.int64)))
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = self.fetch(np.array([i]))
         return x[0], y[0]
 
-    def __getitems__(self, indices: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """A DataLoader's batched fetch: one call per batch."""
-        return self.fetch(np.asarray(indices, dtype=np.int64))
+    def __getitems__(self, indices: Any) -> tuple[np.ndarray, ...]:
+        """A DataLoader's batched fetch, one call per batch: NumPy arrays (see `to_tensors`)."""
+        return self.fetch_arrays(np.asarray(indices, dtype=np.int64))
 
 
 class FeatureSplit(Split):
@@ -144,9 +156,12 @@ class FeatureSplit(Split):
     def __len__(self) -> int:
         return int(self.entry["num_samples"])
 
-    def fetch(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = self.arrays["x"], self.arrays["y"]
-        return torch.from_numpy(np.ascontiguousarray(x[indices])), torch.from_numpy(np.ascontiguousarray(y[indices]))
+    def fetch_arrays(self, indices: np.ndarray) -> tuple[np.ndarray, ...]:
+        return np.ascontiguousarray(self.arrays["x"][indices]), np.ascontiguousarray(self.arrays["y"][indices])
+
+    def to_tensors(self, arrays: tuple[np.ndarray, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = arrays
+        return torch.from_numpy(x), torch.from_numpy(y)
 
 
 class TokenSplit(Split):
@@ -167,7 +182,10 @@ class TokenSplit(Split):
     def bytes_per_token(self) -> float:
         return int(self.entry["num_bytes"]) / max(int(self.entry["num_tokens"]), 1)
 
-    def fetch(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def fetch_arrays(self, indices: np.ndarray) -> tuple[np.ndarray, ...]:
         windows = indices[:, None] * self.seq_len + np.arange(self.seq_len + 1)
-        tokens = torch.from_numpy(self.arrays["tokens"][windows].astype(np.int64))
+        return (np.ascontiguousarray(self.arrays["tokens"][windows]),)  # (batch, seq_len + 1), stored dtype
+
+    def to_tensors(self, arrays: tuple[np.ndarray, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = torch.from_numpy(arrays[0].astype(np.int64))
         return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()

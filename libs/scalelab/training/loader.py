@@ -4,7 +4,8 @@ The order comes from training.sampler (one seeded permutation per epoch shared b
 taking its own positions; seeds are described in scalelab.runtime.seeds). The DataLoader is made
 once: its workers (`num_workers` > 0) persist across epochs, and `epoch(e, skip_batches)` sets the
 sampler's epoch and resume position before each pass. A worker fetches a whole micro-batch with one
-`Split.fetch` (a memory-mapped gather), so the rank gets ready tensors.
+memory-mapped gather (`Split.fetch_arrays`) and sends it as NumPy arrays; the rank makes the tensors
+(`Split.to_tensors`), without torch's per-tensor shared-memory handles.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class RunLoader:
     """The run's DataLoader over `split` and its sampler; close() ends its workers."""
 
     def __init__(self, split: Split, plan: RunPlan, env: dist.DistEnv, *, seed: int, num_workers: int) -> None:
+        self.split = split
         self.sampler = RankBatches(
             len(split),
             world_size=env.world_size,
@@ -48,7 +50,7 @@ class RunLoader:
     def epoch(self, epoch: int, skip_batches: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This rank's micro-batches of `epoch`, starting after `skip_batches` (the resume position)."""
         self.sampler.set_epoch(epoch, skip_batches)
-        return iter(self.loader)
+        return map(self.split.to_tensors, iter(self.loader))
 
     def close(self) -> None:
         """Ends the persistent workers now rather than at garbage collection."""
