@@ -49,3 +49,13 @@ def test_prepare_refuses_the_pair_with_exit_2_and_writes_nothing(workdir):
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith("scalelab prepare: error: params.yaml: train.workload = 'gpt' consumes tokens"), line
     assert not (workdir / "data").exists()
+
+
+def test_prepared_data_of_the_other_kind_is_refused_before_training(tmp_path, prepared_digits):
+    """Params that fit (gpt on text) but a data folder prepared from other params (digits)."""
+    from scalelab.data.store import DataError
+    from scalelab.training.submit import plan_job
+
+    params = parse_params(tiny_params(data=TEXT, train={"workload": "gpt", "model": GPT}), "params.yaml")
+    with pytest.raises(DataError, match=r"holds features \(data.source 'digits'\).*consumes tokens.*dvc repro prepare"):
+        plan_job(params, prepared_digits)
