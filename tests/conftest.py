@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO, copy_repo
+from services import browser  # noqa: F401 (one session fixture: Playwright's sync API allows one per thread)
 
 
 @pytest.fixture
