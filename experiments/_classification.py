@@ -14,4 +14,5 @@ def metrics(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tens
     return {
         "loss_sum": F.cross_entropy(logits.float(), targets, reduction="sum"),
         "correct": (logits.argmax(dim=1) == targets).sum(),
+        "count": torch.tensor(len(targets), device=targets.device),
     }

@@ -1,14 +1,15 @@
-"""A small GPT-style decoder on synthetic tokens: next-token prediction, generated at run time.
+"""A small GPT-style decoder: next-token prediction on a token stream.
 
 Token + position embedding, `layers` pre-LN blocks (causal self-attention through
-F.scaled_dot_product_attention, then a GELU MLP), a final LayerNorm and an untied LM head. The
-data are sequences of a seeded random Markov chain: every token has `successors` equally likely
-next tokens (a table drawn from `data_seed`), so the best possible loss is ln(successors) and a
-model that learns shows it within a few steps. Nothing is downloaded.
+F.scaled_dot_product_attention, then a GELU MLP), a final LayerNorm and an untied LM head.
 
-It runs on its own synthetic batches only (`synthetic_batch`): `speedup.workload: gpt` and
-`scalelab bench mfu`, not `train.workload` (whose datasets are feature vectors and images).
-`input_shape` and `num_classes` are ignored: the sequence length and vocabulary are knobs here.
+It consumes tokens (`DATA`): as `train.workload` it trains on `data.source: text` (byte tokens:
+set `vocab_size` to 256 or more), a sample being `seq_len` + 1 tokens of the corpus. The speedup
+study and `scalelab bench mfu` feed it its own synthetic batches (`synthetic_batch`): sequences of
+a seeded random Markov chain where every token has `successors` equally likely next tokens (a
+table drawn from `data_seed`), so the best possible loss is ln(successors) and a model that learns
+shows it within a few steps. Nothing is downloaded. `input_shape` and `num_classes` are ignored:
+the sequence length and vocabulary are knobs here.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-SYNTHETIC_ONLY = True  # scalelab.config refuses it as train.workload
+DATA = "tokens"  # what it trains on; scalelab.config refuses it with a features source
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -110,9 +111,13 @@ def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def metrics(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Sums over every token of the batch (not per sequence)."""
+    """Sums over every token of the batch (not per sequence); `count` is the number of tokens."""
     flat, y = logits.float().flatten(0, 1), targets.flatten()
-    return {"loss_sum": F.cross_entropy(flat, y, reduction="sum"), "correct": (flat.argmax(dim=1) == y).sum()}
+    return {
+        "loss_sum": F.cross_entropy(flat, y, reduction="sum"),
+        "correct": (flat.argmax(dim=1) == y).sum(),
+        "count": torch.tensor(y.numel(), device=y.device),
+    }
 
 
 def transitions(cfg: Config) -> torch.Tensor:

@@ -7,6 +7,8 @@ from torch import nn
 
 from experiments._classification import loss, metrics  # noqa: F401  (the workload interface)
 
+DATA = "features"  # what it trains on (data.source digits, synthetic or file)
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Config:

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from helpers import ARTIFACTS_ENV, RELIABILITY_ENV, REPO, copy_repo, reliability_path, shown_artifacts_dir
+from services import browser  # noqa: F401 (one session fixture: Playwright's sync API allows one per thread)
 
 # Hypothesis keeps caches (constants, unicode data) in ./.hypothesis: not in the checkout
 os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(Path(tempfile.gettempdir()) / "scalelab-hypothesis"))

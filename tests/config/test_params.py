@@ -25,7 +25,7 @@ def test_repo_params_are_valid():
         ({"train": {"batch_size": 0}}, ["train.batch_size", "0", ">= 1"]),
         ({"train": {"precision": "fp8"}}, ["train.precision", "'fp8'", "'bf16'"]),
         ({"train": {"workload": "resnet9000"}}, ["train.workload", "resnet9000", "mlp", "cnn"]),
-        ({"train": {"workload": "gpt", "model": {}}}, ["train.workload", "'gpt'", "synthetic batches", "cnn, mlp"]),
+        ({"train": {"workload": "gpt", "model": {}}}, ["train.workload", "'gpt'", "consumes tokens", "cnn, mlp"]),
         ({"speedup": {"workload": "gpt", "model": {"d_model": 30, "heads": 4}}}, ["speedup.model.d_model", "heads"]),
         ({"train": {"model": {"hidden": [32], "widht": 3}}}, ["train.model.widht", "hidden"]),
         ({"train": {"model": {"hidden": []}}}, ["train.model.hidden", "[]"]),

@@ -57,11 +57,11 @@ def test_standardize_uses_training_statistics_and_records_them(tmp_path):
     table().to_csv(path, index=False)
     cfg = build(DataConfig, {"source": "file", "file": {"path": str(path), "standardize": True}})
     manifest = prepare(cfg, tmp_path / "out")
-    train = torch.load(tmp_path / "out/train.pt", weights_only=True)["x"]
+    train = torch.from_numpy(np.load(tmp_path / "out/train.x.npy"))
     assert torch.allclose(train.mean(0), torch.zeros(2), atol=1e-5)
     assert torch.allclose(train.std(0), torch.ones(2), atol=1e-5)
     raw = torch.tensor(table()[["a", "b"]].to_numpy(), dtype=torch.float32)
     assert manifest["standardize"]["fitted_on"] == "train"
     assert manifest["standardize"]["mean"][1] == pytest.approx(raw[:, 1].mean().item(), rel=0.1)  # ~50
-    test = torch.load(tmp_path / "out/test.pt", weights_only=True)["x"]
+    test = torch.from_numpy(np.load(tmp_path / "out/test.x.npy"))
     assert not torch.allclose(test.mean(0), torch.zeros(2), atol=1e-5)  # test statistics were not used

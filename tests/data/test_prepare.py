@@ -1,31 +1,46 @@
-"""prepare: real, synthetic and file sources; the manifest catches missing and corrupt files."""
+"""prepare: real, synthetic and file sources; exact seeded splits; the manifest catches missing and
+corrupt files; a failed prepare leaves the data it found complete."""
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 from scalelab.config import ConfigError, DataConfig, build
 from scalelab.data import prepare as data
+from scalelab.data import split as splitting
 from scalelab.data import store
 
 
 def test_digits_split_and_manifest(tmp_path):
     manifest = data.prepare(build(DataConfig, {}), tmp_path)
     sizes = {k: v["num_samples"] for k, v in manifest["splits"].items()}
-    assert sum(sizes.values()) == 1797 and manifest["input_shape"] == [1, 8, 8]
-    assert manifest == store.verify(tmp_path)
-    x, y = store.load_split(tmp_path, "train")
-    assert x.shape == (sizes["train"], 1, 8, 8) and y.dtype == torch.int64
-    assert manifest["params"]["source"] == "digits"
+    assert sizes == {"train": 1258, "val": 180, "test": 359} and manifest["input_shape"] == [1, 8, 8]
+    assert manifest == store.verify(tmp_path) == store.verify(tmp_path, full=True)
+    train = store.open_split(tmp_path, "train", manifest)
+    x, y = train.fetch(np.array([3, 0, 1257]))
+    assert len(train) == 1258 and x.shape == (3, 1, 8, 8) and x.dtype.is_floating_point and y.dtype.is_signed
+    assert isinstance(train.arrays["x"], np.memmap)  # mapped, not loaded
+    assert manifest["params"]["source"] == "digits" and manifest["kind"] == "features"
+    from sklearn.datasets import load_digits  # every sample once, in one split
+
+    got = np.concatenate([np.load(tmp_path / f"{s}.x.npy") for s in ("train", "val", "test")]).reshape(-1, 64)
+    want = load_digits().images.reshape(-1, 64).astype(np.float32) / 16
+    assert sorted(map(bytes, got)) == sorted(map(bytes, want))
 
 
-def test_split_is_seeded_and_disjoint():
-    a, b = data.split(100, 0.1, 0.2, seed=3), data.split(100, 0.1, 0.2, seed=3)
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    assert not torch.equal(a["train"], data.split(100, 0.1, 0.2, seed=4)["train"])
-    assert len(set(torch.cat(list(a.values())).tolist())) == 100
+def test_split_sizes_are_exact_and_the_labels_seeded_and_independent_of_chunking():
+    sizes = splitting.split_sizes(200_003, 0.1, 0.2)
+    assert sizes == {"train": 140_002, "val": 20_000, "test": 40_001}
+    whole = splitting.Splitter(sizes, seed=3).take(200_003)
+    chunked = splitting.Splitter(sizes, seed=3)
+    pieces = np.concatenate([chunked.take(k) for k in (1, 99_999, 70_000, 30_003)])
+    assert np.array_equal(whole, pieces)
+    assert np.bincount(whole).tolist() == [140_002, 20_000, 40_001]
+    other = splitting.Splitter(sizes, seed=4).take(200_003)
+    assert not np.array_equal(whole, other)
+    assert abs(np.mean(whole[:100_000] == splitting.TEST) - 0.2) < 0.01  # spread, not bunched
 
 
 def test_synthetic_is_seeded(tmp_path):
@@ -33,16 +48,23 @@ def test_synthetic_is_seeded(tmp_path):
     m1 = data.prepare(cfg, tmp_path / "a")
     m2 = data.prepare(cfg, tmp_path / "b")
     assert m1["splits"] == m2["splits"] and m1["input_shape"] == [5]
+    m3 = data.prepare(build(DataConfig, {**data.to_dict(cfg), "seed": 1}), tmp_path / "c")
+    assert m3["splits"]["train"]["arrays"]["x"]["sha256"] != m1["splits"]["train"]["arrays"]["x"]["sha256"]
 
 
-def test_user_csv_with_named_label(tmp_path):
-    frame = pd.DataFrame({"f1": range(50), "f2": [i * 0.5 for i in range(50)],
-                          "kind": ["a", "b"] * 25})
-    frame.to_csv(tmp_path / "in.csv", index=False)
-    cfg = build(DataConfig, {"source": "file", "file": {"path": str(tmp_path / "in.csv"),
-                                                         "label_column": "kind"}})
+@pytest.mark.parametrize("suffix", ["csv", "parquet"])
+def test_user_table_with_named_label(tmp_path, suffix):
+    frame = pd.DataFrame({"f1": range(50), "f2": [i * 0.5 for i in range(50)], "kind": ["b", "a"] * 25})
+    path = tmp_path / f"in.{suffix}"
+    frame.to_csv(path, index=False) if suffix == "csv" else frame.to_parquet(path)
+    cfg = build(DataConfig, {"source": "file", "file": {"path": str(path), "label_column": "kind"}})
     manifest = data.prepare(cfg, tmp_path / "out")
     assert manifest["num_classes"] == 2 and manifest["input_shape"] == [2]
+    rows = {}
+    for s in ("train", "val", "test"):
+        x, y = np.load(tmp_path / f"out/{s}.x.npy"), np.load(tmp_path / f"out/{s}.y.npy")
+        rows.update({int(f1): int(code) for (f1, _), code in zip(x, y)})
+    assert rows == {i: 1 if i % 2 == 0 else 0 for i in range(50)}  # "a" -> 0, "b" -> 1: sorted classes
 
 
 def test_user_file_errors(tmp_path):
@@ -55,31 +77,51 @@ def test_user_file_errors(tmp_path):
 
 def test_missing_and_corrupt_files_are_named(tmp_path):
     data.prepare(build(DataConfig, {}), tmp_path)
-    (tmp_path / "val.pt").write_bytes((tmp_path / "val.pt").read_bytes()[:-10] + b"0" * 10)
-    with pytest.raises(store.DataError, match=r"val.pt is corrupt.*dvc repro prepare"):
+    val = tmp_path / "val.x.npy"
+    blob = bytearray(val.read_bytes())
+    blob[len(blob) // 2] ^= 0xFF  # a small file is hashed whole at start-up: any byte counts
+    val.write_bytes(bytes(blob))
+    with pytest.raises(store.DataError, match=r"val.x.npy is corrupt: its sha256.*dvc repro prepare"):
         store.verify(tmp_path)
-    (tmp_path / "val.pt").unlink()
-    with pytest.raises(store.DataError, match=r"val.pt is missing.*dvc repro prepare"):
+    val.write_bytes(bytes(blob[:-10]))
+    with pytest.raises(store.DataError, match=r"val.x.npy is corrupt: \d+ bytes, the manifest says"):
+        store.verify(tmp_path)
+    val.unlink()
+    with pytest.raises(store.DataError, match=r"val.x.npy is missing.*dvc repro prepare"):
         store.verify(tmp_path)
     (tmp_path / "manifest.json").unlink()
     with pytest.raises(store.DataError, match=r"manifest.json is missing"):
         store.verify(tmp_path)
 
 
-def test_manifest_written_last(tmp_path, monkeypatch):
-    """A prepare that dies half-way leaves no manifest, so nothing takes the data as complete."""
-    data.prepare(build(DataConfig, {}), tmp_path)
+def test_the_old_format_is_refused_with_the_rebuild_command(tmp_path):
+    old = {"splits": {s: {"file": f"{s}.pt", "sha256": "0" * 64, "num_samples": 1} for s in ("train", "val", "test")}}
+    (tmp_path / "manifest.json").write_text(json.dumps(old))
+    with pytest.raises(store.DataError, match=r"older format.*dvc repro prepare"):
+        store.verify(tmp_path)
+
+
+def test_a_failed_prepare_leaves_the_data_it_found_complete(tmp_path, monkeypatch):
+    """A prepare that dies half-way touches nothing: the earlier data and manifest stay, complete."""
+    before = data.prepare(build(DataConfig, {}), tmp_path)
+    (tmp_path / "train.pt").write_bytes(b"an earlier layout")  # cleared by the next good prepare
     calls = []
+    real = data.NpyWriter.close
 
-    def boom(path, payload):
-        calls.append(path)
-        if len(calls) == 2:
+    def boom(self):
+        calls.append(self.path.name)
+        if len(calls) == 3:
             raise OSError("disk full")
-        return real(path, payload)
+        return real(self)
 
-    real = data.atomic_write_bytes
-    monkeypatch.setattr(data, "atomic_write_bytes", boom)
-    with pytest.raises(OSError):
+    monkeypatch.setattr(data.NpyWriter, "close", boom)
+    with pytest.raises(OSError, match="disk full"):
         data.prepare(build(DataConfig, {"seed": 1}), tmp_path)
-    assert not (tmp_path / "manifest.json").exists()
-    assert json.loads(json.dumps(calls[0].name)) == "test.pt"
+    assert store.verify(tmp_path, full=True) == before
+    assert not list(tmp_path.glob(f"{data.STAGING}*")), "the staging folder was left behind"
+    monkeypatch.undo()
+    data.prepare(build(DataConfig, {"seed": 1}), tmp_path)
+    assert not (tmp_path / "train.pt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["manifest.json"] + [f"{s}.{a}.npy" for s in ("train", "val", "test") for a in ("x", "y")]
+    )

@@ -203,7 +203,10 @@ def test_ctrl_c_says_interrupted_in_one_line_and_exits_130(repo):
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["train"].update(epochs=500, checkpoint_every_steps=20)
     write_params(repo / "params.yaml", params)
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    # DVC runs a stage through $SHELL (else /bin/sh). dash, Debian's /bin/sh, does not exec the
+    # command: it waits, and on SIGINT kills itself with SIGINT whatever the command exits with, so
+    # DVC would report -2 for any command. bash execs it, so DVC reports scalelab's own status.
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "SHELL": "/bin/bash"}
     with open(repo.parent / "repro.log", "wb") as log:
         proc = subprocess.Popen(
             [str(BIN / "dvc"), "repro"], cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True

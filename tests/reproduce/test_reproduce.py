@@ -57,10 +57,10 @@ def test_reproduce_asks_for_yes_matches_then_refuses_a_foreign_commit_a_changed_
     assert "the stored diff was changed" in bad.stderr and "experiments/mlp.py" not in bad.stdout, bad.stdout
     assert len(client.search_runs([experiment], "tags.`scalelab.kind` = 'reproduce'")) == 1
 
-    train_pt = repo_copy / "data/prepared/train.pt"
-    blob = train_pt.read_bytes()
-    train_pt.unlink()  # DVC may have linked it from its cache: write a new file
-    train_pt.write_bytes(blob[:-1] + bytes([blob[-1] ^ 1]))
+    train_x = repo_copy / "data/prepared/train.x.npy"
+    blob = train_x.read_bytes()
+    train_x.unlink()  # DVC may have linked it from its cache: write a new file
+    train_x.write_bytes(blob[:-1] + bytes([blob[-1] ^ 1]))
     bad = run_cli("reproduce", run_id, cwd=repo_copy, check=False, timeout=300)
     assert bad.returncode == 1, bad.stdout + bad.stderr
-    assert "RESULT: data hash mismatch" in bad.stdout and "prepared/train.pt sha256" in bad.stdout, bad.stdout
+    assert "RESULT: data hash mismatch" in bad.stdout and "prepared/train.x.npy sha256" in bad.stdout, bad.stdout

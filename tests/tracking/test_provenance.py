@@ -55,7 +55,9 @@ def test_data_and_params_hashes_match_dvc_lock(trained, tmp_path):
     assert tags["data.md5"] == tags["data.dvc_lock_md5"] == locked  # recomputed the way DVC does it
     manifest = json.loads((repo / "data/prepared/manifest.json").read_text())
     for split in ("train", "val", "test"):
-        assert tags[f"data.sha256.{split}.pt"] == manifest["splits"][split]["sha256"]
+        for entry in manifest["splits"][split]["arrays"].values():  # as prepare hashed them
+            assert tags[f"data.sha256.{entry['file']}"] == entry["sha256"]
+    assert len([k for k in tags if k.startswith("data.sha256.")]) == 7  # 6 arrays and the manifest
     files = json.loads(artifact(client, run.info.run_id, "provenance/data-files.json", tmp_path))
     assert files == {k.removeprefix("data.sha256."): v for k, v in tags.items() if k.startswith("data.sha256.")}
     consumed = lock["train"]["params"]["params.yaml"]  # the values DVC recorded for the train stage

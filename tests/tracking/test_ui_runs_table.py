@@ -6,7 +6,7 @@ import re
 import pytest
 
 from helpers import BIN, run_cli, tiny_params, write_params
-from services import browser, free_port, serve  # noqa: F401 (fixture)
+from services import free_port, serve
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 

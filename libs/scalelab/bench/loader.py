@@ -30,10 +30,11 @@ METHOD = """\
 The pipeline's default training job (params.yaml `train`, changed only by `--set`): its strategy
 and processes (torchrun for ddp, gloo), threads, model, optimizer, batch and plan, on the
 pipeline's prepared data (made in a temporary folder from the same params: byte for byte what
-`dvc repro prepare` writes), with training's own loader (training.loader.make_loader: a fresh
-DataLoader per epoch, as `scalelab train` makes it) and training's own step (Loop.step). For each
-step, `wait` is the time from asking for the step's micro-batches to having them (the first step
-of an epoch includes making the DataLoader and starting its workers:
+`dvc repro prepare` writes, memory-mapped), with training's own loader (training.loader.RunLoader:
+one DataLoader for the run, its workers persistent across epochs, as `scalelab train` makes it;
+each arm's loader is made and its workers started in an untimed warm-up epoch) and training's own
+step (Loop.step). For each step, `wait` is the time from asking for the step's micro-batches to
+having them (the first step of an epoch includes restarting the pass over the sampler:
 `first_step_wait_ms_per_epoch` shows that part alone), and `compute` the time of Loop.step.
 Arms: num_workers 0 and 2 (`--workers`), interleaved: every repeat runs `--epochs` epochs of
 each, the order alternating. A repeat's figure is wait / (wait + compute) summed over its steps,
@@ -55,14 +56,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # ---- one rank (runs in the worker processes) ----
 
 
-def _epoch(loop: Any, x: Any, y: Any, plan: Any, env: Any, seed: int, num_workers: int, epoch: int) -> list[float]:
+def _epoch(loop: Any, loader: Any, plan: Any, epoch: int) -> list[float]:
     """One epoch; returns [wait_s, compute_s, first_wait_s] (first_wait_s: the first step's wait)."""
-    from scalelab.training.loader import make_loader
-
     wait_s = compute_s = 0.0
     first_wait_s = None
     start = time.perf_counter()
-    batches = iter(make_loader(x, y, plan, env, seed=seed, num_workers=num_workers, epoch=epoch, skip_batches=0))
+    batches = loader.epoch(epoch)
     for _ in range(plan.steps_per_epoch):
         micro = [next(batches) for _ in range(plan.grad_accum_steps)]
         got = time.perf_counter()
@@ -78,33 +77,38 @@ def _epoch(loop: Any, x: Any, y: Any, plan: Any, env: Any, seed: int, num_worker
 def _rank_times(spec: dict[str, Any], train: Any, env: Any, device: Any) -> tuple[dict[str, Any], Any]:
     """This rank's interleaved repeats; returns (times per arm, plan). The model and its DDP reducer
     are freed when this returns, before the process group goes (or exit can deadlock)."""
-    from scalelab.data.store import load_split, verify
+    from scalelab.data.store import open_split, verify
     from scalelab.runtime import seeds
     from scalelab.training import workloads
+    from scalelab.training.loader import RunLoader
     from scalelab.training.loop import Optim, build_loop
     from scalelab.training.plan import RunPlan
 
     manifest = verify(spec["data"])
-    x, y = load_split(spec["data"], "train")
-    plan = RunPlan.of(train, manifest["splits"]["train"]["num_samples"])
+    split = open_split(spec["data"], "train", manifest, seq_len=workloads.seq_len(train.workload, train.model))
+    plan = RunPlan.of(train, len(split))
     seeds.seed_all(train.seed)
     wl = workloads.load(
         train.workload, train.model, input_shape=manifest["input_shape"], num_classes=manifest["num_classes"]
     )
     optim = Optim(name=train.optimizer, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)
     loop = build_loop(wl, device, strategy_name=train.strategy, precision=train.precision, optim=optim)
-    _epoch(loop, x, y, plan, env, train.seed, 0, 0)  # warm-up: first-touch of model and optimizer state
+    loaders = {str(w): RunLoader(split, plan, env, seed=train.seed, num_workers=int(w)) for w in spec["workers"]}
+    for loader in loaders.values():  # warm-up: first-touch of model and optimizer state, and each loader's workers
+        _epoch(loop, loader, plan, 0)
     epochs, epoch = spec["epochs"], itertools.count(1)  # every epoch its own sampler order
-    figures: dict[str, list[list[float]]] = {str(w): [] for w in spec["workers"]}
+    figures: dict[str, list[list[float]]] = {w: [] for w in loaders}
 
     def arm(workers: str) -> Callable[[int], None]:
-        return lambda i: figures[workers].append(_epoch(loop, x, y, plan, env, train.seed, int(workers), next(epoch)))
+        return lambda i: figures[workers].append(_epoch(loop, loaders[workers], plan, next(epoch)))
 
     timed_repeats({w: arm(w) for w in figures}, repeats=spec["repeats"], steps=epochs)
     times = {  # summed over each repeat's epochs
         w: [[sum(col) for col in zip(*f[r * epochs : (r + 1) * epochs])] for r in range(spec["repeats"])]
         for w, f in figures.items()
     }
+    for loader in loaders.values():
+        loader.close()
     return times, plan
 
 

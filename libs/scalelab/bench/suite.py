@@ -6,6 +6,7 @@
     scalelab bench dvc --out results/bench          # no-op and incremental dvc repro -> dvc.json
     scalelab bench loader --out results/bench       # waiting for data -> loader.json
     scalelab bench mfu --out results/bench          # GPT-style workload's FLOP/s and MFU -> mfu.json
+    scalelab bench data --out results/bench         # prepare, start-up check, memory vs data size -> data.json
     scalelab bench all --out results/bench          # every benchmark with its defaults
 
 Each one also puts its figures into `<out>/summary.md`, one line per figure with its goal and
@@ -19,7 +20,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from scalelab.bench import dvc_repro, loader, mfu, parity, profiler_overhead, scaling, startup, tracking_cost
+from scalelab.bench import data, dvc_repro, loader, mfu, parity, profiler_overhead, scaling, startup, tracking_cost
 
 # name -> module with add_arguments(parser), run(args, out_dir) -> dict and headline(result, out) -> str
 BENCHMARKS = {
@@ -31,6 +32,7 @@ BENCHMARKS = {
     "startup": startup,
     "scaling": scaling,
     "mfu": mfu,
+    "data": data,
 }
 
 

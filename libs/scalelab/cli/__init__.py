@@ -5,6 +5,7 @@
     scalelab train     --params params.yaml --data data/prepared --out results/train
     scalelab evaluate  --params params.yaml --data data/prepared --train results/train --out results/eval/metrics.json
     scalelab speedup   --params params.yaml --out results/speedup
+    scalelab verify-data --data data/prepared
     scalelab summary | ui | sweep | reproduce | send-metrics | bench
 
 dvc.yaml owns the paths and passes them here. Every command module exposes
@@ -29,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str | None]] = {
     "prepare": ("scalelab.cli.prepare", "build data/prepared from params data.*"),
     "train": ("scalelab.cli.train", "train with params train.* (here, under torchrun, or on SLURM)"),
     "evaluate": ("scalelab.cli.evaluate", "score the trained model on the test split"),
+    "verify-data": ("scalelab.cli.verify_data", "hash every prepared file and compare it with the manifest"),
     "speedup": ("scalelab.cli.speedup", "the speedup study: single vs DataParallel vs DDP at N workers"),
     "summary": ("scalelab.cli.summary", "print the pipeline's headline figures"),
     "ui": ("scalelab.cli.ui", "the MLflow UI on the project's store, opened on the experiment's runs table"),

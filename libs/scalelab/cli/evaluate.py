@@ -17,8 +17,9 @@ def run(args: argparse.Namespace) -> int:
     from scalelab.training import evaluation
 
     m = evaluation.run(load_params(args.params), args.data, args.train, args.out)
-    print(
-        f"test accuracy {m['test_accuracy']:.4f}, test loss {m['test_loss']:.4f} "
-        f"on {m['num_test_samples']} samples -> {args.out}"
-    )
+    if "bits_per_byte" in m:
+        scores = f"test loss {m['test_loss']:.4f}, perplexity {m['perplexity']:.3f}, {m['bits_per_byte']:.4f} bits/byte"
+    else:
+        scores = f"test accuracy {m['test_accuracy']:.4f}, test loss {m['test_loss']:.4f}"
+    print(f"{scores} on {m['num_test_samples']} samples -> {args.out}")
     return 0

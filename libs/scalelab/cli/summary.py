@@ -25,8 +25,11 @@ def summary(results: Path) -> str:
     ev, tr = _read(results / "eval" / "metrics.json"), _read(results / "train" / "metrics.json")
     sp = _read(results / "speedup" / "speedup.json")
     lines = ["scalelab pipeline summary"]
-    if ev:
+    if "test_accuracy" in ev:
         lines.append(f"  test accuracy   {ev['test_accuracy']:.4f}  (results/eval/metrics.json)")
+    if "bits_per_byte" in ev:  # a language model
+        figures = f"{ev['bits_per_byte']:.4f}, perplexity {ev['perplexity']:.3f}"
+        lines.append(f"  test bits/byte  {figures}  (results/eval/metrics.json)")
     if tr.get("samples_per_s"):
         lines.append(
             f"  train throughput {tr['samples_per_s']:,.0f} samples/s, "

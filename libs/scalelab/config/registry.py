@@ -39,11 +39,23 @@ def check_config(name: str, model: dict[str, Any], key: str) -> Any:
     return build(workload_module(name, key).Config, model, f"{key}.model")
 
 
-def check_dataset_workload(name: str, key: str) -> None:
-    """Refuses a workload that runs on its own synthetic batches only (`SYNTHETIC_ONLY`) under `key`."""
-    if getattr(workload_module(name, key), "SYNTHETIC_ONLY", False):
-        trainable = [n for n in available() if not getattr(workload_module(n, key), "SYNTHETIC_ONLY", False)]
+def consumes(name: str, key: str) -> str:
+    """What workload `name` trains on: its module's `DATA`, 'features' (the default) or 'tokens'."""
+    return getattr(workload_module(name, key), "DATA", "features")
+
+
+def check_data(name: str, model: Any, source: str, kind: str, vocab_size: int | None) -> None:
+    """Refuses a workload whose data kind is not what `data.source` gives, and a token model whose
+    vocabulary is smaller than the tokenizer's."""
+    wants = consumes(name, "train")
+    if wants != kind:
+        fits = [n for n in available() if consumes(n, "train") == kind]
         raise ConfigError(
-            f"{key}.workload = {name!r} is not allowed: it runs on its own synthetic batches only "
-            f"(speedup.workload, scalelab bench mfu); {key} needs one of: {', '.join(trainable)}"
+            f"train.workload = {name!r} consumes {wants}, but data.source = {source!r} gives {kind}; "
+            f"with this source use one of: {', '.join(fits) or 'none'}"
+        )
+    if vocab_size is not None and getattr(model, "vocab_size", vocab_size) < vocab_size:
+        raise ConfigError(
+            f"train.model.vocab_size = {model.vocab_size} is not allowed with data.source = {source!r}: "
+            f"its tokenizer has {vocab_size} tokens; set it to {vocab_size} or more"
         )

@@ -53,14 +53,49 @@ class FileConfig:
     standardize: bool = knob(False, doc="z-score every feature with the training split's mean and std")
 
 
+GLOB_CHARACTERS = "*?["
+
+
+@dataclass(**FROZEN)
+class TextConfig:
+    path: str = knob("data/raw", doc="a UTF-8 file, or a folder of them (a dependency of prepare in dvc.yaml)")
+    pattern: str = knob(
+        "**/*", doc="the files read under a folder `path`: a glob ('**' recurses); hidden ones are left out"
+    )
+    separator: str = knob(
+        "", doc="'': one document per file; else a document ends after each occurrence, e.g. '\\n\\n'"
+    )
+    tokenizer: Literal["bytes"] = knob("bytes", doc="bytes: one token per byte, a vocabulary of 256")
+
+    def check(self, prefix: str) -> None:
+        if not self.path:
+            raise ConfigError(f"{prefix}.path = '' is not allowed: give a UTF-8 file or a folder")
+        if any(c in self.path for c in GLOB_CHARACTERS):
+            raise ConfigError(
+                f"{prefix}.path = {self.path!r} is not allowed: give a file or a folder, and the glob in "
+                f"{prefix}.pattern (DVC tracks the folder)"
+            )
+
+
+# what each data source gives a workload: feature rows with class labels, or a token stream
+DATA_KINDS = {"digits": "features", "synthetic": "features", "file": "features", "text": "tokens"}
+VOCAB_SIZES = {"bytes": 256}
+
+
 @dataclass(**FROZEN)
 class DataConfig:
-    source: Literal["digits", "synthetic", "file"] = knob("digits")
+    source: Literal["digits", "synthetic", "file", "text"] = knob("digits")
     seed: int = knob(0, ge=0, le=MAX_SEED, doc="seed of the synthetic generator and of the split")
     val_fraction: float = knob(0.1, gt=0.0, lt=0.5)
     test_fraction: float = knob(0.2, gt=0.0, lt=0.5)
     synthetic: SyntheticConfig = knob(SyntheticConfig())
     file: FileConfig = knob(FileConfig())
+    text: TextConfig = knob(TextConfig())
+
+    @property
+    def kind(self) -> str:
+        """What the source gives a workload: 'features' or 'tokens'."""
+        return DATA_KINDS[self.source]
 
     def check(self, prefix: str) -> None:
         if self.source == "file" and not self.file.path:
@@ -248,8 +283,9 @@ def parse_params(raw: Any, source: str) -> Params:
         raise ConfigError(f"{source} is empty: give the params sections (tracking, data, train, ...)")
     try:
         params = build(Params, raw)
-        registry.check_config(params.train.workload, params.train.model, "train")
-        registry.check_dataset_workload(params.train.workload, "train")
+        model = registry.check_config(params.train.workload, params.train.model, "train")
+        vocab = VOCAB_SIZES[params.data.text.tokenizer] if params.data.kind == "tokens" else None
+        registry.check_data(params.train.workload, model, params.data.source, params.data.kind, vocab)
         registry.check_config(params.speedup.workload, params.speedup.model, "speedup")
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None

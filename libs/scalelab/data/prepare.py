@@ -1,135 +1,190 @@
-"""Data preparation: real (digits), synthetic and user files -> data/prepared/.
+"""Data preparation: digits, synthetic, a CSV/Parquet table or a text corpus -> data/prepared/.
 
-`prepare()` writes `train.pt`, `val.pt` and `test.pt` (each {"x": float32, "y": int64}) and then
-`manifest.json`, which records shapes, the sha256 of every file and the params that produced them.
+Each split is a few `.npy` files (scalelab.data.arrays), written as the input streams past, so
+prepare's memory does not grow with the data:
+- features (digits, synthetic, file): `<split>.x.npy` (float32, one row per sample) and
+  `<split>.y.npy` (int64 class codes);
+- tokens (text): `<split>.tokens.npy` (uint8 bytes) and `<split>.doc_starts.npy` (int64 offsets
+  of its documents).
+`manifest.json` comes last: the kind, the shapes, every file's sha256, md5 and probe digest, and
+the params that produced them. Everything is written into a staging folder first and moved into
+place at the end, so bad input (a ConfigError naming the file) leaves `out_dir` as it was.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import torch
+import numpy as np
 
 from scalelab.config import ConfigError, DataConfig, to_dict
-from scalelab.data.store import MANIFEST
-from scalelab.runtime.io import atomic_write_bytes, atomic_write_json, sha256_file
+from scalelab.data import text
+from scalelab.data.arrays import NpyWriter, file_entry
+from scalelab.data.features import FeatureSource, feature_source
+from scalelab.data.split import SPLITS, TRAIN, Splitter, split_sizes
+from scalelab.data.store import FORMAT, MANIFEST
+from scalelab.runtime.io import atomic_write_json
+
+STAGING = ".staging-"
 
 
-def load_source(cfg: DataConfig) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """Returns features (float32), labels (int64, 0..C-1) and the per-sample input shape."""
-    if cfg.source == "digits":
-        from sklearn.datasets import load_digits  # ships its data: no download
-
-        digits = load_digits()
-        x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
-        return x, torch.tensor(digits.target, dtype=torch.int64), [1, 8, 8]
-    if cfg.source == "synthetic":
-        return (*synthetic(cfg.synthetic.num_samples, cfg.synthetic.num_features,
-                           cfg.synthetic.num_classes, cfg.synthetic.noise, cfg.seed),
-                [cfg.synthetic.num_features])
-    return _read_file(cfg.file.path, cfg.file.label_column)
-
-
-def synthetic(num_samples: int, num_features: int, num_classes: int, noise: float,
-              seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gaussian blobs: a random centre per class plus `noise`-scaled noise, from one seed."""
-    gen = torch.Generator().manual_seed(seed)
-    centres = torch.randn(num_classes, num_features, generator=gen) * 2.0
-    y = torch.randint(num_classes, (num_samples,), generator=gen)
-    x = centres[y] + noise * torch.randn(num_samples, num_features, generator=gen)
-    return x, y
-
-
-def _read_file(path: str, label_column: str) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """Reads and checks a user's table: every problem is a ConfigError naming the file and column."""
-    import numpy as np
-    import pandas as pd
-
-    file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"data.file.path = {path!r}: the file does not exist")
-    if file.suffix.lower() not in (".csv", ".parquet", ".pq"):
-        raise ConfigError(f"data.file.path = {path!r}: expected a .csv or .parquet file")
-    try:
-        frame = pd.read_csv(file) if file.suffix.lower() == ".csv" else pd.read_parquet(file)
-    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError, ValueError, OSError) as exc:
-        raise ConfigError(f"data.file.path = {path!r}: the file cannot be read as a table: {exc}") from None
-    if label_column not in frame.columns:
-        raise ConfigError(f"data.file.label_column = {label_column!r} is not a column of {path}; "
-                          f"columns: {', '.join(map(str, frame.columns))}")
-    if frame.empty:
-        raise ConfigError(f"{path}: the table has a header but no rows")
-    features = frame.drop(columns=[label_column])
-    if features.shape[1] == 0:
-        raise ConfigError(f"{path}: no feature columns besides the label column {label_column!r}")
-    bad = [str(c) for c in features.columns if not pd.api.types.is_numeric_dtype(features[c])]
-    if bad:
-        raise ConfigError(f"{path}: column {bad[0]!r} is not numeric (feature columns must be numbers); "
-                          f"not numeric: {bad}")
-    values = features.to_numpy(dtype="float64")
-    for j, column in enumerate(features.columns):
-        rows = np.flatnonzero(~np.isfinite(values[:, j]))
-        if len(rows):
-            raise ConfigError(f"{path}: column {str(column)!r} holds {values[rows[0], j]} (NaN or inf) in "
-                              f"{len(rows)} row(s), the first at data row {rows[0] + 1}; clean or drop them")
-    labels = frame[label_column]
-    if labels.isna().any():
-        raise ConfigError(f"{path}: label column {label_column!r} is empty in {int(labels.isna().sum())} row(s), "
-                          f"the first at data row {int(np.flatnonzero(labels.isna())[0]) + 1}")
-    if labels.nunique() < 2:
-        raise ConfigError(f"{path}: label column {label_column!r} holds a single class ({labels.iloc[0]!r}); "
-                          "a classifier needs two or more")
-    codes, _ = pd.factorize(labels, sort=True)
-    x = torch.tensor(values, dtype=torch.float32)
-    return x, torch.tensor(codes, dtype=torch.int64), [x.shape[1]]
-
-
-def split(n: int, val_fraction: float, test_fraction: float, seed: int) -> dict[str, torch.Tensor]:
-    """A seeded permutation cut into train/val/test index sets."""
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    n_test, n_val = max(1, round(n * test_fraction)), max(1, round(n * val_fraction))
-    return {"test": perm[:n_test], "val": perm[n_test:n_test + n_val], "train": perm[n_test + n_val:]}
-
-
-def prepare(cfg: DataConfig, out_dir: str | Path, min_train_samples: int = 1) -> dict[str, Any]:
+def prepare(
+    cfg: DataConfig, out_dir: str | Path, *, min_train_samples: int = 1, seq_len: int | None = None
+) -> dict[str, Any]:
     """Builds the splits and writes them with their manifest; returns the manifest.
 
-    Everything is read and checked before the first file is touched, so bad input leaves `out_dir`
-    as it was. `min_train_samples` is the training job's global batch: a smaller training split is
-    refused here, before any training process starts.
+    Args:
+        cfg: params `data`.
+        out_dir: data/prepared.
+        min_train_samples: the training job's global batch; a smaller training split is refused
+            here, before any training process starts.
+        seq_len: tokens per sample of the token workload (a sample is seq_len + 1 tokens, inputs and
+            shifted targets); the splits of a text corpus must hold that many samples.
+
+    Raises:
+        ConfigError: bad input, naming the file or key; `out_dir` is left as it was.
     """
     out = Path(out_dir)
-    x, y, input_shape = load_source(cfg)
-    splits = split(len(y), cfg.val_fraction, cfg.test_fraction, cfg.seed)
-    if len(splits["train"]) < min_train_samples:
-        source = cfg.file.path if cfg.source == "file" else f"data.source {cfg.source!r}"
-        raise ConfigError(f"{source}: the training split has {len(splits['train'])} samples, fewer than one global "
-                          f"batch of {min_train_samples} (train.batch_size x grad_accum_steps x processes); "
-                          "add data or lower train.batch_size")
-    scaling = None
-    if cfg.source == "file" and cfg.file.standardize:  # z-scores fitted on the training split only
-        mean, std = x[splits["train"]].mean(0), x[splits["train"]].std(0)
-        std = torch.where(std > 0, std, torch.ones_like(std))
-        x = (x - mean) / std
-        scaling = {"mean": mean.tolist(), "std": std.tolist(), "fitted_on": "train"}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MANIFEST).unlink(missing_ok=True)  # no manifest until every file is complete
-    files = {}
-    for name, idx in splits.items():
-        path = out / f"{name}.pt"
-        atomic_write_bytes(path, _tensor_bytes({"x": x[idx].contiguous(), "y": y[idx].contiguous()}))
-        files[name] = {"file": path.name, "sha256": sha256_file(path), "num_samples": len(idx),
-                       "x_shape": list(x[idx].shape)}
-    manifest = {"source": cfg.source, "input_shape": input_shape, "num_classes": int(y.max()) + 1,
-                "splits": files, "params": to_dict(cfg), "standardize": scaling}
-    atomic_write_json(out / MANIFEST, manifest)
+    with _staging(out) as tmp:
+        if cfg.source == "text":
+            body = _prepare_tokens(cfg, tmp, min_train_samples, seq_len or 1)
+        else:
+            body = _prepare_features(cfg, tmp, min_train_samples)
+        manifest = {"format": FORMAT, "source": cfg.source, **body, "params": to_dict(cfg)}
+        _commit(out, tmp, manifest)
     return manifest
 
 
-def _tensor_bytes(obj: Any) -> bytes:
-    import io
+@contextmanager
+def _staging(out: Path) -> Iterator[Path]:
+    """A staging folder inside `out`; on failure it goes, and so does `out` if made here."""
+    made = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob(f"{STAGING}*"):  # left by a killed prepare
+        shutil.rmtree(old, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=STAGING, dir=out))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if made:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
 
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
+
+def _commit(out: Path, tmp: Path, manifest: dict[str, Any]) -> None:
+    """Moves the staged files into place; the manifest, written last, marks the data complete."""
+    (out / MANIFEST).unlink(missing_ok=True)  # no manifest until every file is in place
+    for old in out.iterdir():  # an earlier prepare's arrays (or the old .pt layout)
+        if old.is_file() and old.suffix in (".npy", ".pt"):
+            old.unlink()
+    for path in tmp.iterdir():
+        os.replace(path, out / path.name)
+    tmp.rmdir()
+    atomic_write_json(out / MANIFEST, manifest)
+
+
+def _refuse_small_train(cfg: DataConfig, have: int, need: int, what: str) -> None:
+    if have < need:
+        source = cfg.file.path if cfg.source == "file" else cfg.text.path if cfg.source == "text" else None
+        source = source or f"data.source {cfg.source!r}"
+        raise ConfigError(
+            f"{source}: the training split has {have} {what}, fewer than one global batch of {need} "
+            "(train.batch_size x grad_accum_steps x processes); add data or lower train.batch_size"
+        )
+
+
+def _prepare_features(cfg: DataConfig, tmp: Path, min_train_samples: int) -> dict[str, Any]:
+    src = feature_source(cfg)
+    sizes = split_sizes(src.num_rows, cfg.val_fraction, cfg.test_fraction)
+    _refuse_small_train(cfg, sizes["train"], min_train_samples, "samples")
+    splitter = Splitter(sizes, cfg.seed)
+    xs = {n: NpyWriter(tmp / f"{n}.x.npy", np.float32, src.row_shape) for n in SPLITS}
+    ys = {n: NpyWriter(tmp / f"{n}.y.npy", np.int64) for n in SPLITS}
+    fit = cfg.source == "file" and cfg.file.standardize  # z-scores fitted on the training split only
+    moments = np.zeros((3, int(np.prod(src.row_shape))))  # train: count, sum, sum of squares (float64)
+    for x, y in src.chunks():
+        labels = splitter.take(len(y))
+        for i, name in enumerate(SPLITS):
+            xs[name].append(x[labels == i])
+            ys[name].append(y[labels == i])
+        if fit:
+            train = x[labels == TRAIN].reshape(-1, moments.shape[1]).astype(np.float64)
+            moments += [np.full(moments.shape[1], len(train)), train.sum(0), np.square(train).sum(0)]
+    for writer in [*xs.values(), *ys.values()]:
+        writer.close()
+    scaling = _standardize(tmp, moments) if fit else None
+    splits = {
+        n: {"num_samples": ys[n].rows, "arrays": {"x": file_entry(xs[n].path), "y": file_entry(ys[n].path)}}
+        for n in SPLITS
+    }
+    return {
+        "kind": "features",
+        "input_shape": list(src.row_shape),
+        "num_classes": src.num_classes,
+        "splits": splits,
+        "standardize": scaling,
+    }
+
+
+def _standardize(tmp: Path, moments: np.ndarray) -> dict[str, Any]:
+    """z-scores every split's features in place, with the training split's mean and std (ddof 1)."""
+    count, total, squares = moments
+    mean = total / count
+    std = np.sqrt(np.maximum(squares - count * mean**2, 0.0) / np.maximum(count - 1, 1))
+    std = np.where(std > 0, std, 1.0)
+    for name in SPLITS:
+        x = np.load(tmp / f"{name}.x.npy", mmap_mode="r+")
+        for start in range(0, len(x), 1 << 16):
+            block = x[start : start + (1 << 16)]
+            block[:] = ((block - mean) / std).astype(np.float32)
+        x.flush()
+        del x
+    return {"mean": mean.tolist(), "std": std.tolist(), "fitted_on": "train"}
+
+
+def _prepare_tokens(cfg: DataConfig, tmp: Path, min_train_samples: int, seq_len: int) -> dict[str, Any]:
+    t = cfg.text
+    corpus = text.scan(text.list_files(t.path, t.pattern), t.separator)
+    if corpus.num_documents < len(SPLITS):
+        raise ConfigError(
+            f"data.text.path = {t.path!r} gives {corpus.num_documents} document(s) (UTF-8, not empty): train, val "
+            "and test are split by document and need at least 3; give a folder of files, or set data.text.separator"
+        )
+    sizes = split_sizes(corpus.num_documents, cfg.val_fraction, cfg.test_fraction)
+    streams = text.SplitStreams(tmp, SPLITS)
+    text.write_split_streams(corpus, t.separator, Splitter(sizes, cfg.seed), streams)
+    for writer in streams.writers():
+        writer.close()
+    tokens = {n: streams.tokens[n].rows for n in SPLITS}
+    _refuse_small_train(cfg, (tokens["train"] - 1) // seq_len, min_train_samples, f"sequences of {seq_len} tokens")
+    for name in ("val", "test"):
+        if (tokens[name] - 1) // seq_len < 1:
+            raise ConfigError(
+                f"data.text.path = {t.path!r}: the {name} split holds {tokens[name]} tokens, fewer than one sequence "
+                f"of {seq_len} + 1 (train.model.seq_len); add documents or raise data.{name}_fraction"
+            )
+    splits = {
+        n: {
+            "num_tokens": tokens[n],
+            "num_documents": streams.starts[n].rows,
+            "num_bytes": tokens[n],  # byte tokens: one byte each
+            "arrays": {"tokens": file_entry(streams.tokens[n].path), "doc_starts": file_entry(streams.starts[n].path)},
+        }
+        for n in SPLITS
+    }
+    return {
+        "kind": "tokens",
+        "tokenizer": t.tokenizer,
+        "vocab_size": text.VOCAB_SIZES[t.tokenizer],
+        "input_shape": [],  # a sample's length is the model's seq_len
+        "num_classes": text.VOCAB_SIZES[t.tokenizer],  # next-token prediction: one class per token
+        "splits": splits,
+        "skipped": corpus.skipped,
+    }

@@ -8,7 +8,8 @@ and text is redacted (`scalelab.tracking.secrets`), with the count in `provenanc
 - code: `git.commit`, `git.branch`, `git.dirty` (tracked changes against HEAD), `git.untracked`;
   `dirty.diff` (tracked changes) and `untracked.diff` (new files git does not ignore: the first
   UNTRACKED_MAX_FILES, each up to UNTRACKED_MAX_BYTES), both applicable with `git apply`;
-- data: `data.path`, `data.md5` (DVC's hash of the data folder, recomputed from the files),
+- data: `data.path`, `data.md5` (DVC's hash of the data folder, from every file's md5: those of
+  the prepared arrays as `prepare` recorded them, so a large split is not read again at start-up),
   `data.dvc_lock_md5` (what dvc.lock records for that path), `data.sha256.<file>` for every file,
   and `data-files.json` with the same sha256 map; `params.sha256` (see `params_digest`);
 - environment: Python, torch, CUDA, cuDNN and NCCL versions ("none" on a CPU build or machine),
@@ -95,12 +96,15 @@ def _untracked_diff(root: Path, paths: list[str]) -> str:
     return "".join(parts)
 
 
-def file_hashes(folder: Path) -> dict[str, tuple[str, str]]:
-    """{relative path: (md5, sha256)} for every file under `folder`, read once each."""
-    return {
-        path.relative_to(folder).as_posix(): tuple(file_digests(path, "md5", "sha256"))
-        for path in sorted(p for p in folder.rglob("*") if p.is_file())
-    }
+def file_hashes(folder: Path, known: dict[str, tuple[str, str]] | None = None) -> dict[str, tuple[str, str]]:
+    """{relative path: (md5, sha256)} for every file under `folder`, read once each, except those
+    whose hashes `known` gives (the prepared arrays: hashed by `prepare`, checked at start-up)."""
+    known = known or {}
+    hashes = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        rel = path.relative_to(folder).as_posix()
+        hashes[rel] = known[rel] if rel in known else tuple(file_digests(path, "md5", "sha256"))
+    return hashes
 
 
 def dvc_dir_md5(hashes: dict[str, tuple[str, str]]) -> str:
@@ -110,11 +114,14 @@ def dvc_dir_md5(hashes: dict[str, tuple[str, str]]) -> str:
     return hashlib.md5(json.dumps(entries, sort_keys=True).encode()).hexdigest() + ".dir"
 
 
-def data_info(root: Path, data_dir: str | Path) -> tuple[dict[str, str], dict[str, str]]:
-    """Tags and the `data-files.json` artifact that pin the data folder a run read."""
+def data_info(
+    root: Path, data_dir: str | Path, known: dict[str, tuple[str, str]] | None = None
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Tags and the `data-files.json` artifact that pin the data folder a run read (`known`: see
+    `file_hashes`)."""
     folder = Path(data_dir).resolve()
     rel = os.path.relpath(folder, root) if folder.is_relative_to(root) else str(folder)
-    hashes = file_hashes(folder)
+    hashes = file_hashes(folder, known)
     shas = {name: sha for name, (_, sha) in hashes.items()}
     tags = {
         "data.path": Path(rel).as_posix(),
@@ -249,7 +256,12 @@ def pip_freeze() -> str:
 
 
 def collect(
-    root: Path, *, data_dir: str | Path, nodes: list[dict[str, str]], params_sections: dict[str, Any]
+    root: Path,
+    *,
+    data_dir: str | Path,
+    nodes: list[dict[str, str]],
+    params_sections: dict[str, Any],
+    data_hashes: dict[str, tuple[str, str]] | None = None,
 ) -> tuple[dict[str, str], dict[str, str]]:
     """Returns (tags, artifacts): flat string tags and {artifact name: text}.
 
@@ -258,9 +270,10 @@ def collect(
         data_dir: the prepared-data folder the run reads.
         nodes: `node_info()` of every rank (all_gather_object).
         params_sections: the typed param sections the stage consumed, as plain dicts.
+        data_hashes: {file: (md5, sha256)} already known for files of `data_dir` (not read again).
     """
     git_tags, texts = git_info(root)
-    data_tags, data_texts = data_info(root, data_dir)
+    data_tags, data_texts = data_info(root, data_dir, data_hashes)
     tags = {
         **git_tags,
         **data_tags,

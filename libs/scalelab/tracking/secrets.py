@@ -38,10 +38,10 @@ PATTERNS = [
     (re.compile(r"(?P<head>\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@]*:)(?P<secret>[^/\s]*)@"), rf"\g<head>{MASK}@"),
     # key=value and key: value for password- and secret-like names; for token- and key-like names
     # only when the value is not a number or a bool (`max_tokens=100` is a setting). The value must
-    # be a literal: `token = tokenizer(x)` is code.
+    # be a literal: `token = tokenizer(x)` is code. A tokenizer is no token: `tokenizer: bytes` is a setting.
     (re.compile(_ASSIGN.format(names="password|passwd|pwd|secret", guard=""), re.M), rf"\g<head>{MASK}"),
     (
-        re.compile(_ASSIGN.format(names="token|api[_-]?key|access[_-]?key", guard=_NOT_A_NUMBER), re.M),
+        re.compile(_ASSIGN.format(names="token(?!i[sz])|api[_-]?key|access[_-]?key", guard=_NOT_A_NUMBER), re.M),
         rf"\g<head>{MASK}",
     ),
     (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), MASK),  # AWS access key id

@@ -23,7 +23,7 @@ import torch
 from tqdm import tqdm
 
 from scalelab.config import Params, flatten, to_dict
-from scalelab.data.store import load_split, verify
+from scalelab.data.store import open_split, read_manifest, recorded_hashes, verify
 from scalelab.runtime import dist, seeds
 from scalelab.runtime.device import setup_process
 from scalelab.runtime.io import atomic_write_bytes, atomic_write_json
@@ -33,8 +33,8 @@ from scalelab.runtime.timings import mark
 from scalelab.tracking import MlflowTracker, NullTracker, Tracker, UnsentMetrics, provenance, sysmetrics
 from scalelab.training import profiling, strategy, workloads
 from scalelab.training.checkpoint import Checkpointer, checkpoint_state, fingerprint, restore
-from scalelab.training.evaluation import evaluate
-from scalelab.training.loader import make_loader
+from scalelab.training.evaluation import evaluate, named
+from scalelab.training.loader import RunLoader
 from scalelab.training.loop import Loop, Optim, build_loop
 from scalelab.training.meter import Meter
 from scalelab.training.plan import METRICS_FILE, MODEL_FILE, RUN_FILE, RunPlan
@@ -112,7 +112,10 @@ def log_run_inputs(
     ledger = seeds.ledger(params.train.seed, env.world_size, params.train.num_workers, params.train.deterministic)
     tracker.log_params({**flatten(stages), **seeds.ledger_params(ledger), "world_size": env.world_size})
     consumed = {"train": to_dict(params.train), "tracking": to_dict(params.tracking)}  # dvc.yaml: train
-    tags, artifacts = provenance.collect(repo_root(), data_dir=data_dir, nodes=nodes, params_sections=consumed)
+    known = recorded_hashes(read_manifest(data_dir))  # hashed by prepare; a 10 GB split is not read again
+    tags, artifacts = provenance.collect(
+        repo_root(), data_dir=data_dir, nodes=nodes, params_sections=consumed, data_hashes=known
+    )
     tracker.set_tags(tags)
     tracker.log_dict(ledger, "seeds.json")
     tracker.log_dict(to_dict(params), "config.json")
@@ -194,8 +197,9 @@ def _train(
     stop: StopFlag | None,
 ) -> dict[str, Any]:
     train = params.train
-    x, y = load_split(data_dir, "train")
-    val_x, val_y = load_split(data_dir, "val")
+    seq_len = workloads.seq_len(train.workload, train.model)
+    data, val_split = (open_split(data_dir, name, manifest, seq_len=seq_len) for name in ("train", "val"))
+    loader = RunLoader(data, plan, env, seed=train.seed, num_workers=train.num_workers)  # memory-mapped
     mark("data_loaded")
     seeds.seed_all(train.seed)  # identical model initialisation on every rank
     wl = workloads.load(
@@ -223,18 +227,7 @@ def _train(
     with profiling.profiler(train.profile, out / "profile", env.rank) as prof:
         while step < total and not stopped:
             epoch = step // per_epoch
-            batches = iter(
-                make_loader(
-                    x,
-                    y,
-                    plan,
-                    env,
-                    seed=train.seed,
-                    num_workers=train.num_workers,
-                    epoch=epoch,
-                    skip_batches=(step - epoch * per_epoch) * accum,
-                )
-            )
+            batches = loader.epoch(epoch, skip_batches=(step - epoch * per_epoch) * accum)
             for _ in range(step - epoch * per_epoch, per_epoch):
                 loss = loop.step([next(batches) for _ in range(accum)])
                 step += 1
@@ -254,8 +247,8 @@ def _train(
                         refresh=False,
                     )
                 if step % per_epoch == 0:
-                    val = evaluate(loop.model, loop.workload, val_x, val_y, env, device)
-                    tracker.log_metrics({"val_loss": val["loss"], "val_accuracy": val["accuracy"]}, step)
+                    val = evaluate(loop.model, loop.workload, val_split, env, device)
+                    tracker.log_metrics(named(val, val_split.kind, "val"), step)
                 # every rank checks at the same steps: the check is an all-reduce (and a host sync)
                 check = stop is not None and step % params.slurm.stop_check_every_steps == 0
                 stopped = check and stop.everywhere(device)
@@ -266,6 +259,7 @@ def _train(
                 if stopped:
                     break
     bar.close()
+    loader.close()
     mark("last_step")
     summary = {
         "step": step,

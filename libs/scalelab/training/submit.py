@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.config import DISTRIBUTED, ConfigError, Params
-from scalelab.data.store import verify
+from scalelab.data.store import DataError, open_split, verify
 from scalelab.launch import slurm
 from scalelab.launch.local import LaunchError, run_torchrun, worker_env
 from scalelab.launch.shape import check_shape, local_capacity, train_shape
@@ -46,13 +46,24 @@ def plan_job(params: Params, data_dir: str | Path) -> RunPlan:
     """
     manifest = verify(data_dir)
     t = params.train
-    workloads.load(
+    wl = workloads.load(
         t.workload,
         t.model,
         input_shape=manifest["input_shape"],  # a model that cannot be built
         num_classes=manifest["num_classes"],
     )
-    return RunPlan.of(t, manifest["splits"]["train"]["num_samples"])
+    if wl.data != manifest["kind"]:
+        raise DataError(
+            f"{data_dir} holds {manifest['kind']} (data.source {manifest['source']!r}), but train.workload = "
+            f"{t.workload!r} consumes {wl.data}; prepare it again from these params: dvc repro prepare"
+        )
+    splits = {name: len(open_split(data_dir, name, manifest, seq_len=wl.seq_len)) for name in ("train", "val", "test")}
+    empty = [name for name in ("val", "test") if splits[name] == 0]
+    if empty:
+        raise DataError(
+            f"{data_dir}: the {empty[0]} split holds no sample of train.model.seq_len = {wl.seq_len} tokens"
+        )
+    return RunPlan.of(t, splits["train"])
 
 
 def resolve(params: Params, data_dir: str | Path, out_dir: str | Path) -> Path:

@@ -129,7 +129,17 @@ def status(args: argparse.Namespace) -> int:
     return 0
 
 
-METRICS = ("train_loss", "val_loss", "val_accuracy", "test_accuracy", "test_loss", "samples_per_s", "step_time_ms")
+METRICS = (
+    "train_loss",
+    "val_loss",
+    "val_accuracy",
+    "test_accuracy",
+    "test_loss",
+    "perplexity",
+    "bits_per_byte",
+    "samples_per_s",
+    "step_time_ms",
+)
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE"}
 
 
