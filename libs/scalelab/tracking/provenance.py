@@ -66,12 +66,32 @@ def _git(root: Path, *args: str, ok: tuple[int, ...] = (0,)) -> str | None:
     return out.stdout if out.returncode in ok else None
 
 
+def dvc_written(root: Path) -> list[str]:
+    """What DVC writes while it runs the pipeline: dvc.lock and each stage's outs, metrics and plots
+    in dvc.yaml. Committed ones (dvc.lock, the metrics files) change during every `dvc repro`, so
+    they are the run's outputs, never part of its source: left out of the dirty flag and the diff."""
+    try:
+        stages = (yaml.safe_load((root / "dvc.yaml").read_text()) or {}).get("stages") or {}
+    except (OSError, yaml.YAMLError, AttributeError):
+        stages = {}
+    paths = ["dvc.lock"]
+    for stage in stages.values() if isinstance(stages, dict) else ():
+        for kind in ("outs", "metrics", "plots"):
+            for entry in (stage or {}).get(kind) or ():
+                path = next(iter(entry)) if isinstance(entry, dict) else entry
+                if isinstance(path, str) and "${" not in path:
+                    paths.append(path)
+    return paths
+
+
 def git_info(root: Path) -> tuple[dict[str, str], dict[str, str]]:
-    """Tags for commit, branch, dirty flag and untracked files, and the diffs as artifacts."""
+    """Tags for commit, branch, dirty flag and untracked files, and the diffs as artifacts (the
+    source's: what DVC writes is left out, see `dvc_written`)."""
     commit = (_git(root, "rev-parse", "HEAD") or "unknown").strip()
     branch = (_git(root, "rev-parse", "--abbrev-ref", "HEAD") or "unknown").strip()
-    status = _git(root, "status", "--porcelain", "--untracked-files=no")
-    diff = _git(root, "diff", "HEAD", "--binary") or ""
+    source = ["--", ".", *(f":(exclude,top){path}" for path in dvc_written(root))]
+    status = _git(root, "status", "--porcelain", "--untracked-files=no", *source)
+    diff = _git(root, "diff", "HEAD", "--binary", *source) or ""
     listed = [p for p in (_git(root, "ls-files", "--others", "--exclude-standard", "-z") or "").split("\0") if p]
     untracked = [p for p in listed if not is_secret_file(p)]  # a .env, a key, a token file: never read
     dirty = "unknown" if status is None else str(bool(status.strip())).lower()
