@@ -25,7 +25,7 @@ def tiny_params(**sections: dict[str, Any]) -> dict[str, Any]:
         batch_size=32,
         checkpoint_every_steps=10,
         log_every_steps=5,
-        warmup_steps=2,
+        untimed_steps=2,
         model={"hidden": [32], "dropout": 0.1},
     )
     return merge(params, sections)

@@ -91,7 +91,7 @@ def test_preemption_checkpoints_requeues_and_resumes_into_the_same_run(workdir, 
     env = {**os.environ, **slurm_cluster, "PATH": f"{BIN}:{os.environ['PATH']}"}
     proc = launch_train(workdir, prepared_digits, env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     ckpts = workdir / "out/checkpoints"
-    wait_for(lambda: list(ckpts.glob("step-*.pt")), 180, "first checkpoint", proc)
+    wait_for(lambda: list(ckpts.glob("step-*")), 180, "first checkpoint", proc)
     job_id = json.loads((workdir / "out/slurm.json").read_text())["job_id"]
     run_id = json.loads((ckpts / "job.json").read_text())["run_id"]
     subprocess.run(["scancel", "--signal=USR2", job_id], env=env, check=True)
@@ -113,16 +113,18 @@ def test_preemption_checkpoints_requeues_and_resumes_into_the_same_run(workdir, 
 
     _, plan = read_resolved(workdir / "out/resolved.json")
     total, per_epoch, every = plan.total_steps, plan.steps_per_epoch, train["log_every_steps"]
-    saved = sorted(int(p.stem.removeprefix("step-")) for p in ckpts.glob("step-*.pt"))
+    saved = sorted(int(p.stem.removeprefix("step-")) for p in ckpts.glob("step-*"))
     stops = sorted(set(saved) - {*range(50, total + 1, 50), total})
     assert len(stops) <= 1 and all(50 < s < total for s in stops), saved
     where = f"step {stops[0]}, {stops[0] % every} steps into a logging window" if stops else "a multiple of 50"
     print(f"preempted at {where} (log every {every}, {total} steps)")
 
     have = histories(run_id, uri)
-    assert set(have) == {"train_loss", "val_loss", "val_accuracy", "ranks_in_sync"}, sorted(have)
+    logged = {"train_loss", "lr", "grad_norm", "val_loss", "val_accuracy", "ranks_in_sync"}
+    assert set(have) == logged | {"best_step", "best_val_loss"}, sorted(have)
     steps = {key: [s for s, _ in rows] for key, rows in have.items()}  # sorted: a step twice shows up twice
     assert steps["train_loss"] == sorted({*range(every, total + 1, every), total}), steps["train_loss"]
+    assert steps["lr"] == steps["grad_norm"] == steps["train_loss"], steps
     assert steps["val_loss"] == steps["val_accuracy"] == list(range(per_epoch, total + 1, per_epoch)), steps
     assert steps["ranks_in_sync"] == [total], steps
 
@@ -243,4 +245,4 @@ def test_a_job_past_its_time_limit_ends_its_run_killed_not_running(workdir, prep
     assert "REQUEUED" not in history and "PREEMPTED" not in history, history  # no requeue was left
     run = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}").get_run(run_id)
     assert run.info.status == "KILLED", run.info.status  # never RUNNING
-    assert list((workdir / "out/checkpoints").glob("step-*.pt")), "no checkpoint for a rerun to resume from"
+    assert list((workdir / "out/checkpoints").glob("step-*")), "no checkpoint for a rerun to resume from"

@@ -72,7 +72,7 @@ def stop_tree(pid):
 
 
 def checkpoint_steps(repo):
-    return sorted(int(p.stem.split("-")[1]) for p in (repo / "results/train/checkpoints").glob("step-*.pt"))
+    return sorted(int(p.stem.split("-")[1]) for p in (repo / "results/train/checkpoints").glob("step-*"))
 
 
 def train_runs(repo):

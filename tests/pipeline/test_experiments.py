@@ -216,7 +216,7 @@ def test_ctrl_c_says_interrupted_in_one_line_and_exits_130(repo):
 
     def new_checkpoint() -> bool:
         meta = json.loads((ckpts / "job.json").read_text()) if (ckpts / "job.json").is_file() else {}
-        return meta.get("run_id") not in (None, base.info.run_id) and any(ckpts.glob("step-*.pt"))
+        return meta.get("run_id") not in (None, base.info.run_id) and any(ckpts.glob("step-*"))
 
     try:
         wait_for(lambda: new_checkpoint() or proc.poll() is not None, 300, "a checkpoint of the new job")
@@ -230,7 +230,7 @@ def test_ctrl_c_says_interrupted_in_one_line_and_exits_130(repo):
     run = train_runs(repo)[-1]
     assert len(ours) == 1, out[-3000:]
     assert ours[0].startswith(f"scalelab train: interrupted: SIGINT: run {run.info.run_id} is KILLED; ")
-    newest = max(int(p.stem.split("-")[1]) for p in ckpts.glob("step-*.pt"))
+    newest = max(int(p.stem.split("-")[1]) for p in ckpts.glob("step-*"))
     assert ours[0].endswith(f"it resumes from step {newest}")
     assert "exited with 130" in out  # DVC's own line: scalelab train's exit status
     assert "Traceback" not in out and "SignalException" not in out and "KeyboardInterrupt" not in out

@@ -26,7 +26,7 @@ TOTAL = EPOCHS * 19  # digits: 19 global batches of 64 per epoch
 
 
 def checkpoint_steps(repo):
-    return sorted(int(p.stem.split("-")[1]) for p in (repo / "results/train/checkpoints").glob("step-*.pt"))
+    return sorted(int(p.stem.split("-")[1]) for p in (repo / "results/train/checkpoints").glob("step-*"))
 
 
 def train_runs(client):

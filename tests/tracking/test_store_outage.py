@@ -99,11 +99,16 @@ def histories(client: MlflowClient, run_id: str) -> dict[str, list[tuple[int, fl
 def expected_steps(total: int, epochs: int) -> dict[str, list[int]]:
     """Each non-timing metric's steps in a run of `total` steps (training.job, training.meter)."""
     per_epoch = total // epochs
+    logged = [s for s in range(1, total + 1) if s % LOG_EVERY == 0 or s == total]
     return {
-        "train_loss": [s for s in range(1, total + 1) if s % LOG_EVERY == 0 or s == total],
+        "train_loss": logged,
+        "lr": logged,
+        "grad_norm": logged,
         "val_loss": [per_epoch * (e + 1) for e in range(epochs)],
         "val_accuracy": [per_epoch * (e + 1) for e in range(epochs)],
         "ranks_in_sync": [total],
+        "best_step": [total],
+        "best_val_loss": [total],
     }
 
 

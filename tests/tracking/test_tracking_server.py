@@ -41,6 +41,8 @@ def expected_steps(total: int) -> dict[str, list[int]]:
     epochs = [per_epoch * (e + 1) for e in range(EPOCHS)]
     return {
         "train_loss": logged,
+        "lr": logged,
+        "grad_norm": logged,
         "samples_per_s": timed,
         "step_time_ms": timed,
         "mean_samples_per_s": [total],
@@ -48,6 +50,8 @@ def expected_steps(total: int) -> dict[str, list[int]]:
         "val_loss": epochs,
         "val_accuracy": epochs,
         "ranks_in_sync": [total],
+        "best_step": [total],
+        "best_val_loss": [total],
     }
 
 
@@ -60,7 +64,7 @@ def test_ddp_job_logs_every_metric_to_postgres_backed_server(workdir, prepared_d
 
         write_params(
             workdir / "params.yaml",
-            tiny_params(train={"epochs": EPOCHS, "log_every_steps": LOG_EVERY, "warmup_steps": WARMUP}),
+            tiny_params(train={"epochs": EPOCHS, "log_every_steps": LOG_EVERY, "untimed_steps": WARMUP}),
         )
         run_cli(
             "train",

@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from helpers import BIN, record_reliability, tiny_params, write_params
 from scalelab.training.checkpoint import Checkpointer
@@ -67,6 +68,65 @@ def test_a_save_killed_anywhere_leaves_the_newest_complete_checkpoint(tmp_path, 
     TRIALS["recovered_newest_complete"] += 1
 
 
+# the same for the sharded format (fsdp): torch.distributed.checkpoint writes the shards, then the
+# metadata; rank 0 writes extra.pt and renames the hidden folder (here one process, no process group)
+SHARDED_CHILD = r"""
+import os, shutil, signal, sys, torch
+import torch.distributed.checkpoint.filesystem as fs
+import scalelab.training.checkpoint as ckpt_module
+from scalelab.training.checkpoint import Checkpointer
+
+folder, point, done = sys.argv[1], sys.argv[2], int(sys.argv[3])
+ckpt = Checkpointer(folder, "fp", keep=2)
+shards = lambda step: {"model": {"w": torch.full((256, 256), float(step))}}
+for step in range(1, done + 1):
+    ckpt.save(step, {"epoch": 0}, shards(step))
+
+def die(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+def half_then_die(transforms, stream, *args, **kwargs):  # a shard file cut off in the middle
+    stream.write(b"x" * 1000)
+    stream.flush()
+    die()
+real_replace = os.replace
+if point == "serialize":
+    torch.save = die
+elif point == "shard":
+    fs._write_item = half_then_die
+elif point == "metadata":
+    fs.FileSystemWriter.finish = die
+elif point == "extra":
+    ckpt_module.atomic_write_bytes = die
+elif point == "rename":  # the commit: the hidden folder renamed into place
+    os.replace = lambda src, dst: die() if os.path.isdir(src) else real_replace(src, dst)
+elif point == "prune":
+    shutil.rmtree = die
+ckpt.save(done + 1, {"epoch": 0}, shards(done + 1))
+"""
+SHARDED_POINTS = ["serialize", "shard", "metadata", "extra", "rename", "prune"]
+
+
+@pytest.mark.xdist_group("checkpoint-faults")
+@pytest.mark.parametrize("done", [1, 3])
+@pytest.mark.parametrize("point", SHARDED_POINTS)
+def test_a_sharded_save_killed_anywhere_leaves_the_newest_complete_checkpoint(tmp_path, point, done):
+    from scalelab.training.checkpoint import read_shards
+
+    done += point == "prune"
+    proc = subprocess.run([sys.executable, "-c", SHARDED_CHILD, str(tmp_path), point, str(done)], capture_output=True)
+    TRIALS["trials"] += 1
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    TRIALS["faults_injected"] += 1
+    state = Checkpointer(tmp_path, "fp", keep=2).load_latest()
+    newest = done + 1 if point == "prune" else done  # past the rename the new one is complete
+    assert state is not None and state["step"] == newest and state["shards"].endswith(f"step-{newest:08d}.dcp")
+    target = {"model": {"w": torch.zeros(256, 256)}}
+    read_shards(state["shards"], target)
+    assert bool((target["model"]["w"] == newest).all())
+    TRIALS["recovered_newest_complete"] += 1
+
+
 @pytest.fixture(scope="module", autouse=True)
 def write_trial_figures():
     yield
@@ -82,7 +142,7 @@ def test_a_second_job_on_the_same_folder_fails_at_once_and_deletes_nothing(workd
     cmd = [str(BIN / "scalelab"), "train", "--data", str(prepared_digits), "--out", "out"]
     first = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
-    while not list((workdir / "out/checkpoints").glob("step-*.pt")):
+    while not list((workdir / "out/checkpoints").glob("step-*")):
         assert first.poll() is None and time.time() < deadline, first.communicate()[1][-3000:]
         time.sleep(0.2)
     before = sorted(p.name for p in (workdir / "out").rglob("*") if p.is_file())

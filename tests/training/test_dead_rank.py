@@ -46,7 +46,7 @@ def worker(proc, rank, timeout_s=300):
 
 def wait_checkpoint(workdir, proc):
     deadline = time.time() + 300
-    while not list((workdir / "out/checkpoints").glob("step-*.pt")) and proc.poll() is None:
+    while not list((workdir / "out/checkpoints").glob("step-*")) and proc.poll() is None:
         assert time.time() < deadline, "no checkpoint"
         time.sleep(0.2)
 
@@ -82,7 +82,7 @@ def stop_after_first_checkpoint(workdir, proc, victim):
     cannot get far past it, or end, while the test looks. Returns when the victim stays stopped."""
     try:
         victim.suspend()
-        while not list((workdir / "out/checkpoints").glob("step-*.pt")):
+        while not list((workdir / "out/checkpoints").glob("step-*")):
             assert proc.poll() is None, proc.communicate()[1][-3000:]
             victim.resume()
             time.sleep(0.02)  # a time slice for the victim, not a wait for an outcome
@@ -110,7 +110,7 @@ def test_a_stopped_rank_times_out_and_the_rerun_resumes(workdir, prepared_digits
     assert detect_s < timeout_s + 60, detect_s  # torchrun waits up to 30 s for the others to stop
     run = the_run(workdir)
     assert run.info.status == "FAILED"
-    newest = max(int(p.stem.split("-")[1]) for p in (workdir / "out/checkpoints").glob("step-*.pt"))
+    newest = max(int(p.stem.split("-")[1]) for p in (workdir / "out/checkpoints").glob("step-*"))
     total = epochs * 19  # digits: 19 global batches of 64 per epoch
     assert 0 < newest < total, newest
 

@@ -88,7 +88,8 @@ def test_metric_history_after_a_stop_between_logging_steps_equals_an_uninterrupt
     assert got["run_id"] != ref["run_id"]
     total = ref["total_steps"]
     want, have = histories(ref["run_id"]), histories(got["run_id"])
-    assert set(have) == {"train_loss", "val_loss", "val_accuracy", "ranks_in_sync"}
+    logged = {"train_loss", "lr", "grad_norm", "val_loss", "val_accuracy", "ranks_in_sync"}
+    assert set(have) == logged | {"best_step", "best_val_loss"}
     train_steps = [s for s, _ in have["train_loss"]]
     assert train_steps == sorted({*range(5, total + 1, 5), total}), train_steps  # no gap, none twice
     assert have == want  # equal values, bit for bit, at every step

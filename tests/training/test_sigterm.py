@@ -26,7 +26,7 @@ def test_sigterm_to_torchrun_ends_the_run_killed_or_failed(workdir, prepared_dig
         proc = subprocess.Popen(cmd, cwd=workdir, env=env, start_new_session=True, stdout=log, stderr=log)
     ckpts = workdir / "out/checkpoints"
     try:
-        wait_for(lambda: list(ckpts.glob("step-*.pt")) or proc.poll() is not None, 300, "a checkpoint")
+        wait_for(lambda: list(ckpts.glob("step-*")) or proc.poll() is not None, 300, "a checkpoint")
         assert proc.poll() is None, (workdir / "train.log").read_text()[-3000:]
         os.killpg(proc.pid, signal.SIGTERM)  # the launcher, torchrun and both ranks, as a scheduler does
         # poll() reaps the launcher: a zombie would keep its process group alive
@@ -39,5 +39,5 @@ def test_sigterm_to_torchrun_ends_the_run_killed_or_failed(workdir, prepared_dig
     assert len(runs) == 1
     assert runs[0].info.status in ("KILLED", "FAILED"), (workdir / "train.log").read_text()[-3000:]
     steps = [m.step for m in client.get_metric_history(runs[0].info.run_id, "train_loss")]
-    newest = max(int(p.stem.split("-")[1]) for p in ckpts.glob("step-*.pt"))
+    newest = max(int(p.stem.split("-")[1]) for p in ckpts.glob("step-*"))
     assert steps == sorted(set(steps)) and steps[-1] >= newest  # flushed at the kill, no duplicates

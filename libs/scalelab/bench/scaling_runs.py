@@ -50,7 +50,7 @@ RUN_TRAIN = {
     "device": "cpu",
     "batch_size": 32,
     "model": {"hidden": [32], "dropout": 0.0},
-    "warmup_steps": 2,
+    "untimed_steps": 2,
 }
 
 

@@ -50,6 +50,9 @@ def _copy(value: Any) -> Any:
     return value
 
 
+# keys that were renamed: the error names the new one
+RENAMED = {"train.warmup_steps": "train.untimed_steps (an LR warm-up is train.lr_warmup_steps)"}
+
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -158,6 +161,8 @@ def build(cls: type, data: Any, prefix: str = "") -> Any:
     unknown = sorted(set(map(str, data)) - set(fields))
     if unknown:
         key = f"{prefix}.{unknown[0]}" if prefix else unknown[0]
+        if key in RENAMED:
+            raise ConfigError(f"{key} is not a known key: it was renamed to {RENAMED[key]}")
         raise ConfigError(
             f"{key} is not a known key; allowed keys under {prefix or 'the top level'}: {_field_names(cls)}"
         )

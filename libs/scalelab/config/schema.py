@@ -80,6 +80,8 @@ class TextConfig:
 # what each data source gives a workload: feature rows with class labels, or a token stream
 DATA_KINDS = {"digits": "features", "synthetic": "features", "file": "features", "text": "tokens"}
 VOCAB_SIZES = {"bytes": 256}
+# what each kind of data is scored by (training.evaluation): logged as val_<score> every epoch
+SCORES = {"features": ("loss", "accuracy"), "tokens": ("loss", "perplexity", "bits_per_byte")}
 
 
 @dataclass(**FROZEN)
@@ -133,7 +135,19 @@ class TrainConfig:
     weight_decay: float = knob(0.0, ge=0.0)
     precision: Precision = knob("fp32")
     num_workers: int = knob(0, ge=0, doc="DataLoader worker processes per rank")
-    warmup_steps: int = knob(5, ge=0, doc="steps left out of throughput figures")
+    untimed_steps: int = knob(5, ge=0, doc="first steps left out of throughput figures (not an LR warm-up)")
+    lr_schedule: Literal["constant", "cosine", "linear"] = knob(
+        "constant", doc="after lr_warmup_steps: constant, or a cosine or linear decay to lr * min_lr_ratio at the end"
+    )
+    lr_warmup_steps: int = knob(0, ge=0, doc="optimizer steps of linear LR warm-up from lr / lr_warmup_steps to lr")
+    min_lr_ratio: float = knob(0.0, ge=0.0, le=1.0, doc="the decayed LR at the last step, as a fraction of lr")
+    grad_clip_norm: float = knob(0.0, ge=0.0, doc="clip the global gradient norm to this; 0 turns clipping off")
+    best_metric: str = knob("val_loss", doc="a validation metric (val_loss, val_accuracy, ...) that picks best.pt")
+    best_mode: Literal["min", "max"] = knob("min", doc="min: lower best_metric is better; max: higher")
+    early_stop_patience: int = knob(
+        0, ge=0, doc="stop after this many validations without a better best_metric; 0 is off"
+    )
+    activation_checkpointing: bool = knob(False, doc="recompute each shard unit's activations in backward")
     log_every_steps: int = knob(10, ge=1, doc="metrics are aggregated over this many steps")
     checkpoint_every_steps: int = knob(50, ge=1)
     keep_checkpoints: int = knob(2, ge=2)
@@ -174,6 +188,9 @@ class TrainConfig:
 @dataclass(**FROZEN)
 class EvaluateConfig:
     batch_size: int = knob(512, ge=1)
+    checkpoint: Literal["last", "best"] = knob(
+        "last", doc="score model.pt (the last step) or best.pt (train.best_metric)"
+    )
 
 
 @dataclass(**FROZEN)
@@ -286,7 +303,18 @@ def parse_params(raw: Any, source: str) -> Params:
         model = registry.check_config(params.train.workload, params.train.model, "train")
         vocab = VOCAB_SIZES[params.data.text.tokenizer] if params.data.kind == "tokens" else None
         registry.check_data(params.train.workload, model, params.data.source, params.data.kind, vocab)
+        check_best_metric(params.train.best_metric, params.data)
         registry.check_config(params.speedup.workload, params.speedup.model, "speedup")
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     return params
+
+
+def check_best_metric(metric: str, data: DataConfig) -> None:
+    """`train.best_metric` is one of the metrics validation logs for this kind of data."""
+    allowed = [f"val_{score}" for score in SCORES[data.kind]]
+    if metric not in allowed:
+        raise ConfigError(
+            f"train.best_metric = {metric!r} is not allowed with data.source = {data.source!r}: "
+            f"give one of {', '.join(allowed)}"
+        )

@@ -1,9 +1,15 @@
 """Atomic, resumable checkpoints.
 
-A checkpoint is one file `step-XXXXXXXX.pt` holding model, optimizer, scaler, step, epoch, sampler
-position and the RNG state of every rank. It is written to a temp file in the same folder and moved
-into place with os.replace, so a file with that name is always complete; the newest `keep` are
-kept. Each carries a fingerprint of what decides the final weights: the train params, the data,
+A checkpoint holds model, optimizer, step, epoch, sampler position, the RNG state of every rank
+and the `state_dict()` of every other stateful part of the job (scaler, LR scheduler, best value
+and patience: `parts`). Under ddp and single it is one file `step-XXXXXXXX.pt`, written to a temp
+file in the same folder and moved into place with os.replace. Under fsdp it is a folder
+`step-XXXXXXXX.dcp`: every rank writes its own shards of model and optimizer with
+`torch.distributed.checkpoint` (no rank ever holds the whole state), rank 0 adds the rest as
+`extra.pt`, and renames the hidden folder into place. Either way a name that matches is complete
+(the rename is the commit marker); the newest `keep` are kept. DCP reshards on load, and the
+fingerprint holds the global batch rather than the world size, so a job resumes at another
+number of ranks. Each carries a fingerprint of what decides the final weights: the train params, the data,
 the world size and the code of every folder the DVC stage `train` depends on (dvc.yaml). A
 checkpoint made under other params, data or code is never resumed from. `job.json` ties the
 folder to one fingerprint and one tracking run id, written before the first step, so a job killed
@@ -17,6 +23,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import re
 import shutil
 from pathlib import Path
@@ -32,7 +39,8 @@ from scalelab.training import strategy
 from scalelab.training.loop import Loop
 
 log = logging.getLogger(__name__)
-PATTERN = re.compile(r"^step-(\d{8})\.pt$")
+PATTERN = re.compile(r"^step-(\d{8})\.(pt|dcp)$")
+EXTRA_FILE = "extra.pt"  # in a sharded checkpoint: everything but the shards (written by rank 0)
 # knobs that change neither the math nor the data order: a resume may differ in these
 CADENCE_KEYS = (
     "log_every_steps",
@@ -42,45 +50,85 @@ CADENCE_KEYS = (
     "launcher",
     "collective_timeout_s",
 )
+# how the global batch is split over ranks and micro-steps: the ranks' batches of a step together are
+# one process's batch (training.sampler), so these change float rounding and each rank's random
+# streams, not the math; a checkpoint resumes under another split of the same global batch
+SHAPE_KEYS = ("nproc_per_node", "num_nodes", "batch_size", "grad_accum_steps")
 
 
-def fingerprint(train: TrainConfig, manifest: dict[str, Any], world_size: int) -> str:
+def fingerprint(train: TrainConfig, manifest: dict[str, Any]) -> str:
     """A hash of everything that decides the final weights, code included."""
-    cfg = {k: v for k, v in to_dict(train).items() if k not in CADENCE_KEYS}
+    cfg = {k: v for k, v in to_dict(train).items() if k not in CADENCE_KEYS + SHAPE_KEYS}
     return json_digest(
-        {"train": cfg, "data": manifest["splits"], "world_size": world_size, "code": stage_code_digest("train")},
+        {
+            "train": cfg,
+            "data": manifest["splits"],
+            "global_batch": train.global_batch,
+            "code": stage_code_digest("train"),
+        },
         length=16,
     )
 
 
-def checkpoint_state(loop: Loop, epoch: int, run_id: str | None) -> dict[str, Any]:
-    """Gathers every rank's RNG state (and, under fsdp, the sharded model and optimizer state);
-    the returned dict is complete on rank 0 only. Every rank must call it."""
-    rngs = dist.all_gather_object(seeds.rng_state())
-    model, optimizer = strategy.full_state(loop.model, loop.optimizer)
-    return {
-        "model": model,
-        "optimizer": optimizer,
-        "scaler": loop.scaler.state_dict(),
+def checkpoint_state(
+    loop: Loop, epoch: int, run_id: str | None, parts: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(the state, complete on rank 0 only; the shards of this rank under fsdp, else None).
+
+    Every rank must call it: it gathers every rank's RNG state. `parts` are the job's stateful
+    parts beyond the loop's (e.g. the best-value tracker). Under ddp and single the state holds
+    the model's and optimizer's state dicts; under fsdp each rank's shards come separately, for
+    `Checkpointer.save` to write without gathering them.
+    """
+    state = {
+        "parts": {name: part.state_dict() for name, part in {**loop.stateful(), **parts}.items()},
         "epoch": epoch,
-        "rng": rngs,
+        "rng": dist.all_gather_object(seeds.rng_state()),
         "run_id": run_id,
     }
+    if strategy.is_sharded(loop.model):
+        return state, strategy.sharded_state(loop.model, loop.optimizer)
+    return {**state, "model": strategy.unwrap(loop.model).state_dict(), "optimizer": loop.optimizer.state_dict()}, None
 
 
-def restore(state: dict[str, Any] | None, loop: Loop, seed: int, env: dist.DistEnv) -> int:
+def restore(state: dict[str, Any] | None, loop: Loop, seed: int, env: dist.DistEnv, parts: dict[str, Any]) -> int:
     """Restores a checkpoint if given, else seeds this rank; returns the global step.
 
     The epoch and the sampler position follow from the step: step // steps_per_epoch, and the
-    remainder in optimizer steps.
+    remainder in optimizer steps. A checkpoint made at another world size (same global batch)
+    resumes too: shards are resharded on load, and each rank's random streams start anew from
+    (seed, step), since the ranks' streams do not map onto a new number of ranks.
     """
     if state is None:
         seeds.seed_all(seeds.rank_seed(seed, env.rank))
         return 0
-    strategy.load_full_state(loop.model, loop.optimizer, state["model"], state["optimizer"])
-    loop.scaler.load_state_dict(state["scaler"])
-    seeds.set_rng_state(state["rng"][env.rank])
+    if "shards" in state:
+        strategy.load_sharded_state(loop.model, loop.optimizer, lambda target: read_shards(state["shards"], target))
+    else:
+        strategy.unwrap(loop.model).load_state_dict(state["model"])
+        loop.optimizer.load_state_dict(state["optimizer"])
+    for name, part in {**loop.stateful(), **parts}.items():
+        part.load_state_dict(state["parts"][name])
+    if len(state["rng"]) == env.world_size:
+        seeds.set_rng_state(state["rng"][env.rank])
+    else:
+        log.warning(
+            "resuming step %d, saved by %d ranks, on %d: the same data order; each rank's random "
+            "streams (dropout) start anew from the seed and the step",
+            state["step"],
+            len(state["rng"]),
+            env.world_size,
+        )
+        seeds.seed_all(seeds.rank_seed(seed + state["step"], env.rank))
     return state["step"]
+
+
+def read_shards(path: str | Path, target: dict[str, Any]) -> None:
+    """Loads a sharded checkpoint's tensors into `target` in place (DCP: each rank reads what its
+    shards need, resharding when the world size changed)."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.load(target, checkpoint_id=str(path))
 
 
 class Checkpointer:
@@ -97,7 +145,9 @@ class Checkpointer:
         return sorted((int(m.group(1)) for m in found if m), reverse=True)
 
     def path(self, step: int) -> Path:
-        return self.folder / f"step-{step:08d}.pt"
+        """The checkpoint of `step`: a sharded folder if there is one, else the file."""
+        sharded = self.folder / f"step-{step:08d}.dcp"
+        return sharded if sharded.is_dir() else self.folder / f"step-{step:08d}.pt"
 
     def claim(self) -> str | None:
         """Binds the folder to this fingerprint; returns the run id of an earlier try, if any.
@@ -131,24 +181,51 @@ class Checkpointer:
             self.folder / "job.json", {"fingerprint": self.fingerprint, "run_id": run_id, "finished": finished}
         )
 
-    def save(self, step: int, state: dict[str, Any]) -> Path:
-        """Writes one checkpoint atomically and prunes all but the newest `keep`."""
+    def save(self, step: int, state: dict[str, Any], shards: dict[str, Any] | None = None) -> Path:
+        """Writes one checkpoint atomically and prunes all but the newest `keep`.
+
+        Without `shards`, global rank 0 alone calls it. With them (fsdp), every rank does: each
+        writes its shards into a hidden folder, then rank 0 writes `state` there and renames the
+        folder into place.
+        """
         buf = io.BytesIO()
         torch.save({**state, "step": step, "fingerprint": self.fingerprint}, buf)
-        path = self.path(step)
-        atomic_write_bytes(path, buf.getvalue())
-        for old in self.steps()[self.keep :]:
-            self.path(old).unlink(missing_ok=True)
+        if shards is None:
+            path = self.folder / f"step-{step:08d}.pt"
+            atomic_write_bytes(path, buf.getvalue())
+        else:
+            path = self._save_shards(step, shards, buf.getvalue())
+        if shards is None or dist.read_env().is_main:
+            for old in self.steps()[self.keep :]:
+                old_path = self.path(old)
+                shutil.rmtree(old_path) if old_path.is_dir() else old_path.unlink(missing_ok=True)
+        return path
+
+    def _save_shards(self, step: int, shards: dict[str, Any], extra: bytes) -> Path:
+        import torch.distributed.checkpoint as dcp
+
+        path, tmp = self.folder / f"step-{step:08d}.dcp", self.folder / f".step-{step:08d}.dcp.tmp"
+        main = dist.read_env().is_main
+        if main:
+            if tmp.exists():  # left by a save killed earlier at this step
+                shutil.rmtree(tmp)
+            tmp.mkdir(parents=True)
+        dist.barrier()
+        dcp.save(shards, checkpoint_id=str(tmp))  # returns once every rank's shards and the metadata are written
+        if main:
+            atomic_write_bytes(tmp / EXTRA_FILE, extra)
+            os.replace(tmp, path)  # the commit: a folder with this name is complete
         return path
 
     def load_latest(self) -> dict[str, Any] | None:
         """The newest checkpoint that loads and matches the fingerprint, or None."""
         for step in self.steps():
+            path = self.path(step)
             try:
-                state = torch.load(self.path(step), map_location="cpu", weights_only=True)
+                state = torch.load(path / EXTRA_FILE if path.is_dir() else path, map_location="cpu", weights_only=True)
             except Exception as exc:  # a damaged file: fall back to an older one
-                log.warning("skipping unreadable checkpoint %s: %s", self.path(step), exc)
+                log.warning("skipping unreadable checkpoint %s: %s", path, exc)
                 continue
             if state.get("fingerprint") == self.fingerprint:
-                return state
+                return {**state, "shards": str(path)} if path.is_dir() else state
         return None

@@ -17,15 +17,15 @@ import numpy as np
 import torch
 
 from scalelab.config import Params
+from scalelab.config.schema import SCORES
 from scalelab.data.store import DataError, Split, open_split, verify
 from scalelab.runtime import dist
 from scalelab.runtime.io import atomic_write_json
 from scalelab.tracking import MlflowTracker
 from scalelab.training import workloads
-from scalelab.training.plan import MODEL_FILE, RUN_FILE
+from scalelab.training.plan import BEST_FILE, MODEL_FILE, RUN_FILE
 
-# what each kind of data is scored by, and the names they go by in the test metrics
-SCORES = {"features": ("loss", "accuracy"), "tokens": ("loss", "perplexity", "bits_per_byte")}
+# the names the scores of each kind of data (config.schema.SCORES) go by in the test metrics
 TEST_NAMES = {
     "loss": "test_loss",
     "accuracy": "test_accuracy",
@@ -79,7 +79,7 @@ def run(params: Params, data_dir: str | Path, train_dir: str | Path, out_file: s
     """Scores the trained model on the test split, writes `out_file`, logs into the train run."""
     manifest = verify(data_dir)
     train_dir = Path(train_dir)
-    model_path = train_dir / MODEL_FILE
+    model_path = train_dir / (BEST_FILE if params.evaluate.checkpoint == "best" else MODEL_FILE)
     if not model_path.is_file():
         raise FileNotFoundError(f"{model_path} is missing; run `dvc repro train` first")
     try:  # tensors and plain values only: a pickled object in the file (e.g. from a shared remote) never runs
@@ -95,6 +95,8 @@ def run(params: Params, data_dir: str | Path, train_dir: str | Path, out_file: s
     scores = evaluate(wl.model, wl, split, dist.DistEnv(), torch.device("cpu"), params.evaluate.batch_size)
     scored = named(scores, split.kind, "test")
     metrics = {**scored, "num_test_samples": len(split)}
+    if "best" in blob:  # best.pt: the step and validation value it was kept for
+        metrics["checkpoint_step"] = blob["best"]["step"]
     atomic_write_json(out_file, metrics)
     run_info = json.loads((train_dir / RUN_FILE).read_text())
     if params.tracking.enabled and run_info.get("run_id"):

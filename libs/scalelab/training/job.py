@@ -10,8 +10,7 @@ preemption stop) or FAILED (any other exception), after the buffered metrics are
 
 from __future__ import annotations
 
-import hashlib
-import io
+import functools
 import logging
 import math
 import os
@@ -26,23 +25,22 @@ from scalelab.config import Params, flatten, to_dict
 from scalelab.data.store import open_split, read_manifest, recorded_hashes, verify
 from scalelab.runtime import dist, seeds
 from scalelab.runtime.device import setup_process
-from scalelab.runtime.io import atomic_write_bytes, atomic_write_json
 from scalelab.runtime.paths import repo_root
 from scalelab.runtime.signals import StopFlag
 from scalelab.runtime.timings import mark
 from scalelab.tracking import MlflowTracker, NullTracker, Tracker, UnsentMetrics, provenance, sysmetrics
-from scalelab.training import profiling, strategy, workloads
+from scalelab.training import outputs, profiling, schedule, strategy, workloads
+from scalelab.training.best import Best
 from scalelab.training.checkpoint import Checkpointer, checkpoint_state, fingerprint, restore
 from scalelab.training.evaluation import evaluate, named
 from scalelab.training.loader import RunLoader
 from scalelab.training.loop import Loop, Optim, build_loop
 from scalelab.training.meter import Meter
-from scalelab.training.plan import METRICS_FILE, MODEL_FILE, RUN_FILE, RunPlan
+from scalelab.training.plan import RunPlan
 
 log = logging.getLogger(__name__)
 PENDING_KEY = "pending_metrics"  # checkpoint entry: metrics not yet confirmed stored in MLflow
 WINDOW_KEY = "meter_window"  # checkpoint entry: every rank's open logging window (training.meter)
-RUN_MEANS = {"samples_per_s": "mean_samples_per_s", "step_time_ms": "mean_step_time_ms"}  # MLflow keys, whole run
 
 
 class NonFiniteLossError(RuntimeError):
@@ -152,7 +150,7 @@ def run(
     mark("process_group")  # joined: torchrun's rendezvous and init_process_group are done
     out = Path(out_dir)
     manifest = verify(data_dir)
-    ckpt = Checkpointer(out / "checkpoints", fingerprint(t, manifest, plan.world_size), keep=t.keep_checkpoints)
+    ckpt = Checkpointer(out / "checkpoints", fingerprint(t, manifest), keep=t.keep_checkpoints)
     if env.is_main and t.profile.enabled:
         profiling.clear(out / "profile")  # an earlier run's traces must not be logged with this one
     tracker = open_tracker(params, env, ckpt, device, data_dir)
@@ -206,13 +204,32 @@ def _train(
         train.workload, train.model, input_shape=manifest["input_shape"], num_classes=manifest["num_classes"]
     )
     optim = Optim(name=train.optimizer, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)
-    loop = build_loop(wl, device, strategy_name=train.strategy, precision=train.precision, optim=optim)
-    state = ckpt.load_latest()
-    step = restore(state, loop, train.seed, env)
-    tracker.replay_metrics((state or {}).get(PENDING_KEY, []))  # those the killed try may not have stored
     total, per_epoch, accum = plan.total_steps, plan.steps_per_epoch, plan.grad_accum_steps
-    meter = Meter(train.warmup_steps + step, plan.global_batch)
-    meter.load_window((state or {}).get(WINDOW_KEY, [None] * env.world_size)[env.rank], device)
+    lr_schedule = functools.partial(
+        schedule.build,
+        total_steps=total,
+        schedule=train.lr_schedule,
+        warmup_steps=train.lr_warmup_steps,
+        min_ratio=train.min_lr_ratio,
+    )
+    loop = build_loop(
+        wl,
+        device,
+        strategy_name=train.strategy,
+        precision=train.precision,
+        optim=optim,
+        schedule=lr_schedule,
+        clip_norm=train.grad_clip_norm,
+        activation_checkpointing=train.activation_checkpointing,
+    )
+    best = Best(train.best_metric, train.best_mode, train.early_stop_patience)
+    parts = {"best": best}  # the job's stateful parts beyond the loop's (Loop.stateful)
+    state = ckpt.load_latest()
+    step = restore(state, loop, train.seed, env, parts)
+    tracker.replay_metrics((state or {}).get(PENDING_KEY, []))  # those the killed try may not have stored
+    meter = Meter(train.untimed_steps + step, plan.global_batch)
+    windows = (state or {}).get(WINDOW_KEY, [])
+    meter.load_window(windows[env.rank] if len(windows) == env.world_size else None, device)  # none at a new size
     mark("model_built")  # model, optimizer, strategy wrapper and the checkpoint (if any) restored
     first_step = step + 1
     bar = tqdm(
@@ -223,21 +240,23 @@ def _train(
         mininterval=1.0 if sys.stderr.isatty() else 10.0,
         desc=run_name(params, env.world_size),
     )
-    stopped = False
+    stopped = early_stop = False
     with profiling.profiler(train.profile, out / "profile", env.rank) as prof:
-        while step < total and not stopped:
+        while step < total and not (stopped or early_stop):
             epoch = step // per_epoch
             batches = loader.epoch(epoch, skip_batches=(step - epoch * per_epoch) * accum)
             for _ in range(step - epoch * per_epoch, per_epoch):
-                loss = loop.step([next(batches) for _ in range(accum)])
+                logging_step = (step + 1) % train.log_every_steps == 0 or step + 1 == total
+                loss = loop.step([next(batches) for _ in range(accum)], measure_norm=logging_step)
                 step += 1
                 if step == first_step:
                     mark("first_step")  # this process's first (a resumed job's too)
                 prof.step()
                 meter.add(step, loss)
                 bar.update(1)
-                if step % train.log_every_steps == 0 or step == total:
-                    window = meter.window(step, device)
+                if logging_step:
+                    window = {**meter.window(step, device), "lr": loop.last["lr"]}
+                    window["grad_norm"] = float(loop.last["grad_norm"])  # before clipping
                     tracker.log_metrics(window, step)
                     if not math.isfinite(window["train_loss"]):  # the same value on every rank
                         raise NonFiniteLossError(window["train_loss"], step, ckpt)
@@ -247,31 +266,49 @@ def _train(
                         refresh=False,
                     )
                 if step % per_epoch == 0:
-                    val = evaluate(loop.model, loop.workload, val_split, env, device)
-                    tracker.log_metrics(named(val, val_split.kind, "val"), step)
+                    val = named(evaluate(loop.model, loop.workload, val_split, env, device), val_split.kind, "val")
+                    tracker.log_metrics(val, step)
+                    if best.update(val, step):  # every rank: the same all-reduced values
+                        outputs.save_best(params, loop, manifest, ckpt, env, best)
+                    early_stop = best.should_stop and step < total
                 # every rank checks at the same steps: the check is an all-reduce (and a host sync)
                 check = stop is not None and step % params.slurm.stop_check_every_steps == 0
                 stopped = check and stop.everywhere(device)
-                if step % train.checkpoint_every_steps == 0 or step == total or stopped:
+                if step % train.checkpoint_every_steps == 0 or step == total or stopped or early_stop:
                     if meter.window_steps and not meter.window_is_finite(device):
                         raise NonFiniteLossError(float("nan"), step, ckpt)  # never checkpoint it
-                    _checkpoint(loop, meter, epoch, step, env, ckpt, tracker)
-                if stopped:
+                    _checkpoint(loop, meter, epoch, step, env, ckpt, tracker, parts)
+                if stopped or early_stop:
                     break
     bar.close()
     loader.close()
     mark("last_step")
+    if early_stop:
+        log.info(
+            "early stop at step %d of %d: %s has not improved for %d validations (best %.6g at step %d)",
+            step,
+            total,
+            best.metric,
+            best.since_better,
+            best.value,
+            best.step,
+        )
     summary = {
         "step": step,
         "total_steps": total,
         "preempted": stopped,
+        "stop_reason": "preempted" if stopped else "early_stop" if early_stop else "completed",
         "run_id": tracker.run_id,
         **meter.summary(),
+        "best_step": best.step,
+        f"best_{best.metric}": best.value,
     }
-    weights = strategy.model_state(loop.model)  # gathered on every rank under fsdp
-    summary["rank_weight_sha256"] = dist.all_gather_object(weights_digest(weights))
+    weights = strategy.model_state(loop.model)  # under fsdp gathered to rank 0 alone
+    # each ddp rank's copy must agree; fsdp holds one copy, in shards: the digest of the gathered one
+    digest = outputs.weights_digest(weights)
+    summary["rank_weight_sha256"] = [digest] if strategy.is_sharded(loop.model) else dist.all_gather_object(digest)
     if env.is_main and not stopped:
-        _write_outputs(params, weights, manifest, out, summary, tracker, env)
+        outputs.write_outputs(params, weights, manifest, out, summary, tracker, env)
         ckpt.record(tracker.run_id, finished=True)  # a rerun trains anew: a finished job never resumes
     dist.barrier()
     mark("outputs_written")
@@ -279,7 +316,14 @@ def _train(
 
 
 def _checkpoint(
-    loop: Loop, meter: Meter, epoch: int, step: int, env: dist.DistEnv, ckpt: Checkpointer, tracker: Tracker
+    loop: Loop,
+    meter: Meter,
+    epoch: int,
+    step: int,
+    env: dist.DistEnv,
+    ckpt: Checkpointer,
+    tracker: Tracker,
+    parts: dict[str, Any],
 ) -> None:
     """Saves a checkpoint (rank 0) holding every rank's open metric window and the metrics MLflow
     has not yet confirmed.
@@ -289,53 +333,7 @@ def _checkpoint(
     twice (SQL stores drop exact duplicates).
     """
     tracker.flush(wait=False)
-    state = checkpoint_state(loop, epoch, tracker.run_id)
+    state, shards = checkpoint_state(loop, epoch, tracker.run_id, parts)
     windows = dist.all_gather_object(meter.window_state())
-    if env.is_main:
-        ckpt.save(step, {**state, WINDOW_KEY: windows, PENDING_KEY: tracker.pending_metrics()})
-
-
-def weights_digest(state: dict[str, torch.Tensor]) -> str:
-    """sha256 over a model state dict (parameters and buffers): equal digests mean equal weights."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(state.items()):
-        digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
-def _write_outputs(
-    params: Params,
-    weights: dict[str, torch.Tensor],
-    manifest: dict[str, Any],
-    out: Path,
-    summary: dict[str, Any],
-    tracker: Tracker,
-    env: dist.DistEnv,
-) -> None:
-    buf = io.BytesIO()
-    torch.save(
-        {
-            "model": weights,
-            "workload": params.train.workload,
-            "model_config": params.train.model,
-            "input_shape": manifest["input_shape"],
-            "num_classes": manifest["num_classes"],
-        },
-        buf,
-    )
-    atomic_write_bytes(out / MODEL_FILE, buf.getvalue())
-    digests = summary["rank_weight_sha256"]
-    metrics = {k: summary[k] for k in ("samples_per_s", "step_time_ms") if k in summary}
-    metrics["ranks_in_sync"] = float(len(set(digests)) == 1)
-    atomic_write_json(out / METRICS_FILE, {**metrics, "steps": summary["step"]})
-    atomic_write_json(
-        out / RUN_FILE,
-        {"run_id": tracker.run_id, "experiment": params.tracking.experiment, "rank_weight_sha256": digests},
-    )
-    # the whole run's means get their own keys: step `total` also holds the last window's figures
-    tracker.log_metrics({RUN_MEANS.get(k, k): v for k, v in metrics.items()}, summary["step"])
-    tracker.set_tags({"weights.sha256": digests[0], "weights.ranks_in_sync": str(len(set(digests)) == 1).lower()})
-    tracker.log_artifact(out / METRICS_FILE)
-    if params.train.profile.enabled:
-        profiling.log_artifacts(tracker, out / "profile", env.world_size, summary["step"])
+    if env.is_main or shards is not None:  # sharded: every rank writes its own
+        ckpt.save(step, {**state, WINDOW_KEY: windows, PENDING_KEY: tracker.pending_metrics()}, shards)

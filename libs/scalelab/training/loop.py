@@ -6,8 +6,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import torch
 
@@ -41,16 +43,29 @@ class Loop:
     scaler: torch.amp.GradScaler
     precision: str
     device: torch.device
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None  # stepped once per optimizer step
+    clip_norm: float = 0.0  # the global gradient norm is clipped to this; 0: off
+    # the last step's lr and, when clipped or asked for, its gradient norm before clipping
+    last: dict[str, Any] = field(default_factory=dict)
+
+    def stateful(self) -> dict[str, Any]:
+        """Every part of the loop that has a `state_dict()`, besides the model and the optimizer
+        (the strategy saves those): found, not listed, so a new part cannot be left out of the
+        checkpoint."""
+        parts = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("model", "optimizer")}
+        return {name: part for name, part in parts.items() if hasattr(part, "state_dict")}
 
     def autocast(self):
         if self.precision == "fp32":
             return nullcontext()
         return torch.autocast(self.device.type, dtype=AUTOCAST_DTYPES[self.precision])
 
-    def step(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    def step(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], measure_norm: bool = False) -> torch.Tensor:
         """One optimizer step over `grad_accum_steps` micro-batches; returns the summed loss.
 
-        Gradients are all-reduced on the last micro-batch only (no_sync on the others).
+        Gradients are all-reduced on the last micro-batch only (no_sync on the others). With
+        clipping on (or `measure_norm`), the global gradient norm is computed after unscaling
+        (fp16) and kept in `last['grad_norm']`.
         """
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=self.device)
@@ -61,8 +76,16 @@ class Loop:
                     loss = self.workload.loss(self.model(x), y) / len(micro_batches)
                 self.scaler.scale(loss).backward()
             total += loss.detach()
+        self.last = {"lr": self.optimizer.param_groups[0]["lr"]}
+        if self.clip_norm > 0 or measure_norm:
+            self.scaler.unscale_(self.optimizer)  # a no-op unless fp16: clip the true gradients
+            self.last["grad_norm"] = norm = strategy.grad_norm(self.model.parameters())
+            if self.clip_norm > 0:
+                torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), self.clip_norm, norm)
         self.scaler.step(self.optimizer)
         self.scaler.update()
+        if self.scheduler is not None:
+            self.scheduler.step()
         return total
 
 
@@ -74,12 +97,16 @@ def build_loop(
     precision: str,
     optim: Optim,
     compile: bool = False,
+    schedule: Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler] | None = None,
+    clip_norm: float = 0.0,
+    activation_checkpointing: bool = False,
 ) -> Loop:
-    """Wraps the workload's model for `strategy_name` and builds optimizer and scaler.
+    """Wraps the workload's model for `strategy_name` and builds optimizer, scheduler and scaler.
 
     `compile` runs the wrapped model through torch.compile; the first step then compiles.
+    `schedule` builds the LR scheduler from the optimizer (training.schedule.build).
     """
-    model = strategy.wrap(wl.model, strategy_name, device, wl.shard_units)
+    model = strategy.wrap(wl.model, strategy_name, device, wl.shard_units, activation_checkpointing)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     optimizer = optim.build(model.parameters())
     if compile:
@@ -91,4 +118,6 @@ def build_loop(
         scaler=scaler,
         precision=precision,
         device=device,
+        scheduler=schedule(optimizer) if schedule else None,
+        clip_norm=clip_norm,
     )

@@ -1,4 +1,4 @@
-"""Loss and throughput over logging windows, with warm-up steps left out of timing.
+"""Loss and throughput over logging windows, with the first (untimed) steps left out of timing.
 
 A checkpoint holds each rank's open window (`window_state`): a job stopped between two logging
 steps resumes with the same partial loss sum, so the next window averages the same steps, in the
@@ -17,10 +17,10 @@ from scalelab.runtime import dist
 
 
 class Meter:
-    """Aggregates loss and timing over a logging window; warm-up steps are left out of timing."""
+    """Aggregates loss and timing over a logging window; the first `untimed_steps` are left out of timing."""
 
-    def __init__(self, warmup_steps: int, samples_per_step: int) -> None:
-        self.warmup_steps, self.samples_per_step = warmup_steps, samples_per_step
+    def __init__(self, untimed_steps: int, samples_per_step: int) -> None:
+        self.untimed_steps, self.samples_per_step = untimed_steps, samples_per_step
         self.loss_sum: torch.Tensor | None = None
         self.window_steps = 0
         self.timed_steps, self.timed_s = 0, 0.0
@@ -43,7 +43,7 @@ class Meter:
     def add(self, step: int, loss: torch.Tensor) -> None:
         self.loss_sum = loss if self.loss_sum is None else self.loss_sum + loss
         self.window_steps += 1
-        if step == self.warmup_steps:  # warm-up ends here: timing starts from now
+        if step == self.untimed_steps:  # the untimed steps end here: timing starts from now
             self.mark = time.perf_counter()
 
     def window(self, step: int, device: torch.device) -> dict[str, float]:
@@ -54,7 +54,7 @@ class Meter:
         sums = torch.stack([self.loss_sum.float(), torch.tensor(float(self.window_steps), device=device)])
         loss_sum, steps = dist.all_reduce_sum(sums).tolist()
         out = {"train_loss": loss_sum / steps}
-        timed = min(self.window_steps - self.untimed, step - self.warmup_steps)
+        timed = min(self.window_steps - self.untimed, step - self.untimed_steps)
         if timed > 0:
             elapsed_s = now - self.mark
             self.timed_steps += timed

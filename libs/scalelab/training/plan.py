@@ -20,6 +20,7 @@ from scalelab.runtime.io import atomic_write_json
 RESOLVED_FILE = "resolved.json"  # params and plan, written before launch, read by every rank
 RUN_FILE = "run.json"  # the MLflow run id, read by evaluate
 MODEL_FILE = "model.pt"
+BEST_FILE = "best.pt"  # the weights at the best value of train.best_metric
 METRICS_FILE = "metrics.json"
 
 

@@ -2,8 +2,8 @@
 
 fsdp is FSDP2 (`torch.distributed.fsdp.fully_shard`): each module the workload names in
 `shard_units(model)` becomes one sharded unit, then the root. Parameters, gradients and optimizer
-state live as shards (DTensors) on each rank; `full_state` gathers them into the plain model's
-state dict for a checkpoint, and `load_full_state` shards such a dict again.
+state live as shards (DTensors) on each rank; `sharded_state` hands a checkpoint each rank's
+shards, and `model_state` gathers the plain model's state dict for `model.pt`.
 """
 
 from __future__ import annotations
@@ -22,9 +22,20 @@ def wrap(
     strategy: str,
     device: torch.device,
     shard_units: Callable[[nn.Module], list[nn.Module]] | None = None,
+    activation_checkpointing: bool = False,
 ) -> nn.Module:
-    """Moves `model` to `device` and wraps it for `strategy` ('single', 'dp', 'ddp' or 'fsdp')."""
+    """Moves `model` to `device` and wraps it for `strategy` ('single', 'dp', 'ddp' or 'fsdp').
+
+    `activation_checkpointing` makes each of the workload's `shard_units` (the whole model
+    without them) recompute its activations in backward instead of keeping them; the RNG state
+    is replayed, so dropout draws the same masks.
+    """
     model = model.to(device)
+    if activation_checkpointing:
+        from torch.distributed._composable import checkpoint
+
+        for unit in shard_units(model) if shard_units else [model]:
+            checkpoint(unit)
     if strategy == "dp":
         return nn.DataParallel(model)
     if strategy == "ddp":
@@ -53,41 +64,34 @@ def is_sharded(model: nn.Module) -> bool:
 
 
 def model_state(model: nn.Module) -> dict[str, Any]:
-    """The plain model's whole state dict on every rank (gathered under fsdp: a collective)."""
+    """The plain model's whole state dict, for `model.pt`: every rank's own copy, or under fsdp
+    (a collective) gathered to rank 0's CPU memory alone; the other ranks get an empty dict."""
     if not is_sharded(model):
         return unwrap(model).state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The plain model's state dict and the optimizer's, whole. A collective under fsdp: every
-    rank calls it, and rank 0 gets the gathered tensors on the CPU (the others get empty dicts)."""
-    if not is_sharded(model):
-        return unwrap(model).state_dict(), optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """This rank's shards of an fsdp model's and optimizer's state (DTensors keyed by the plain
+    model's names), for `torch.distributed.checkpoint`: nothing is gathered."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    return get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    model_state, optim_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optimizer": optim_state}
 
 
-def load_full_state(
-    model: nn.Module, optimizer: torch.optim.Optimizer, model_state: dict[str, Any], optim_state: dict[str, Any]
+def load_sharded_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, read: Callable[[dict[str, Any]], None]
 ) -> None:
-    """Loads what `full_state` returned (read by every rank); under fsdp each rank keeps its shard."""
-    if not is_sharded(model):
-        unwrap(model).load_state_dict(model_state)
-        optimizer.load_state_dict(optim_state)
-        return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+    """Fills this rank's shards by `read` (a DCP load into `sharded_state`'s dicts, in place) and
+    sets them into the model and the optimizer."""
+    from torch.distributed.checkpoint.state_dict import set_state_dict
 
-    set_state_dict(
-        model,
-        optimizer,
-        model_state_dict=model_state,
-        optim_state_dict=optim_state,
-        options=StateDictOptions(full_state_dict=True),
-    )
+    target = sharded_state(model, optimizer)
+    read(target)
+    set_state_dict(model, optimizer, model_state_dict=target["model"], optim_state_dict=target["optimizer"])
 
 
 def local_bytes(tensors) -> int:
@@ -99,6 +103,15 @@ def local_bytes(tensors) -> int:
         local = t.to_local() if hasattr(t, "to_local") else t
         total += local.numel() * local.element_size()
     return total
+
+
+def grad_norm(parameters) -> torch.Tensor:
+    """The L2 norm of all gradients together, as one process would compute it: under fsdp each
+    rank holds shards (DTensors) and the partial norms are reduced across ranks (a collective);
+    under ddp the gradients are already all-reduced, so every rank computes the same value."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
 def no_sync(model: nn.Module, sync: bool) -> AbstractContextManager:

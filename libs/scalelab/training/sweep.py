@@ -26,7 +26,7 @@ from scalelab.data.store import verify
 from scalelab.launch import slurm
 from scalelab.runtime.io import atomic_write_json
 from scalelab.tracking import MlflowTracker, tracking_uri
-from scalelab.training.job import RUN_MEANS
+from scalelab.training.outputs import RUN_MEANS
 from scalelab.training.submit import TrainJob, resolve
 
 ROOT = Path("results/sweeps")

@@ -1,0 +1,96 @@
+"""What a training job leaves in results/train/: `model.pt` (the last weights), `best.pt` (the
+weights at the best `train.best_metric`, kept in checkpoints/ as training goes), `metrics.json`
+and `run.json`; and their figures and tags in the run. Global rank 0 writes them."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from scalelab.config import Params
+from scalelab.runtime import dist
+from scalelab.runtime.io import atomic_write_bytes, atomic_write_json
+from scalelab.tracking import Tracker
+from scalelab.training import profiling, strategy
+from scalelab.training.best import Best
+from scalelab.training.checkpoint import Checkpointer
+from scalelab.training.loop import Loop
+from scalelab.training.plan import BEST_FILE, METRICS_FILE, MODEL_FILE, RUN_FILE
+
+RUN_MEANS = {"samples_per_s": "mean_samples_per_s", "step_time_ms": "mean_step_time_ms"}  # MLflow keys, whole run
+
+
+def save_best(
+    params: Params, loop: Loop, manifest: dict[str, Any], ckpt: Checkpointer, env: dist.DistEnv, best: Best
+) -> None:
+    """Writes the weights of a new best validation value to `checkpoints/best.pt` (the model
+    file's format), which `_write_outputs` copies to `best.pt` at the end. Every rank calls it:
+    under fsdp the weights are gathered to rank 0."""
+    weights = strategy.model_state(loop.model)
+    if env.is_main:
+        extra = {"best": {"metric": best.metric, "value": best.value, "step": best.step}}
+        atomic_write_bytes(ckpt.folder / BEST_FILE, model_file(params, weights, manifest, extra))
+
+
+def model_file(params: Params, weights: dict[str, torch.Tensor], manifest: dict[str, Any], extra=None) -> bytes:
+    """The bytes of `model.pt` or `best.pt`: the weights and what `evaluate` needs to rebuild the model."""
+    buf = io.BytesIO()
+    torch.save(
+        {
+            "model": weights,
+            "workload": params.train.workload,
+            "model_config": params.train.model,
+            "input_shape": manifest["input_shape"],
+            "num_classes": manifest["num_classes"],
+            **(extra or {}),
+        },
+        buf,
+    )
+    return buf.getvalue()
+
+
+def weights_digest(state: dict[str, torch.Tensor]) -> str:
+    """sha256 over a model state dict (parameters and buffers): equal digests mean equal weights."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(state.items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def write_outputs(
+    params: Params,
+    weights: dict[str, torch.Tensor],
+    manifest: dict[str, Any],
+    out: Path,
+    summary: dict[str, Any],
+    tracker: Tracker,
+    env: dist.DistEnv,
+) -> None:
+    atomic_write_bytes(out / MODEL_FILE, model_file(params, weights, manifest))
+    atomic_write_bytes(out / BEST_FILE, (out / "checkpoints" / BEST_FILE).read_bytes())
+    digests = summary["rank_weight_sha256"]
+    best_keys = [k for k in summary if k.startswith("best_")]
+    metrics = {k: summary[k] for k in ("samples_per_s", "step_time_ms", *best_keys) if k in summary}
+    metrics["ranks_in_sync"] = float(len(set(digests)) == 1)
+    atomic_write_json(out / METRICS_FILE, {**metrics, "steps": summary["step"]})
+    atomic_write_json(
+        out / RUN_FILE,
+        {"run_id": tracker.run_id, "experiment": params.tracking.experiment, "rank_weight_sha256": digests},
+    )
+    # the whole run's means get their own keys: step `total` also holds the last window's figures
+    tracker.log_metrics({RUN_MEANS.get(k, k): v for k, v in metrics.items()}, summary["step"])
+    tracker.set_tags(
+        {
+            "weights.sha256": digests[0],
+            "weights.ranks_in_sync": str(len(set(digests)) == 1).lower(),
+            "scalelab.stop_reason": summary["stop_reason"],
+        }
+    )
+    tracker.log_artifact(out / METRICS_FILE)
+    if params.train.profile.enabled:
+        profiling.log_artifacts(tracker, out / "profile", env.world_size, summary["step"])
