@@ -1,6 +1,6 @@
-"""A cosine schedule with warm-up, clipping, the best checkpoint and early stopping in a real job:
-a stop and resume stays bitwise, the run records why it ended and which step was best, and
-`evaluate` scores best.pt or model.pt as `evaluate.checkpoint` says."""
+"""A cosine schedule with warm-up, clipping, the best checkpoint, early stopping and asynchronous
+checkpoints in a real job: a stop and resume stays bitwise, the run records why it ended and which
+step was best, and `evaluate` scores best.pt or model.pt as `evaluate.checkpoint` says."""
 
 import json
 
@@ -23,7 +23,8 @@ KNOBS = {
     "epochs": 5,
     "strategy": "single",
     "nproc_per_node": 1,
-    "checkpoint_every_steps": 1000,
+    "checkpoint_every_steps": 20,
+    "async_checkpoint": True,  # written in a background thread while the next steps run
     "lr_schedule": "cosine",
     "lr_warmup_steps": 10,
     "min_lr_ratio": 0.1,

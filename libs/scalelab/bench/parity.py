@@ -14,6 +14,7 @@ The method is METHOD below; the JSON file carries it.
 from __future__ import annotations
 
 import argparse
+import functools
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from scalelab.runtime import dist, seeds
 from scalelab.runtime.device import setup_process
 from scalelab.runtime.io import atomic_write_json
 from scalelab.runtime.repeats import repeat_totals, slowest_rank, timed_repeats
-from scalelab.training import workloads
+from scalelab.training import schedule, workloads
 from scalelab.training.loop import Optim, build_loop
 
 METHOD = """\
@@ -35,11 +36,13 @@ The study's default workload (params.yaml `speedup`: model, features, classes, p
 seed, fp32) on CPU with 1 torch thread per process. Two arms, built in the same process(es) from
 the same seed, fed the same two synthetic batches (already in memory), alternating:
 - `engine`: scalelab.training.loop.build_loop + Loop.step (what `scalelab train` and the study
-  time), SGD lr 1e-3 momentum 0.9 (the study's optimizer);
+  time), SGD lr 1e-3 momentum 0.9 (the study's optimizer), gradient clipping at norm `clip` and a
+  warm-up + cosine LR schedule (train.grad_clip_norm, train.lr_schedule);
 - `plain`: scalelab.bench.plain_loop, a hand-written loop that imports nothing from scalelab
-  (nn.Sequential MLP, torch.optim.SGD, F.cross_entropy, backward, step; DDP when the process
+  (nn.Sequential MLP, torch.optim.SGD, F.cross_entropy, backward, clip_grad_norm_, step, a
+  LambdaLR with the same formula; DDP, or FSDP2's fully_shard of each layer, when the process
   group is up).
-Strategies: `single` (one process) and `ddp` (torchrun, `--nproc` processes, gloo). Each repeat
+Strategies: `single` (one process), `ddp` and `fsdp` (torchrun, `--nproc` processes, gloo). Each repeat
 runs `--steps` steps of each arm interleaved step by step (engine, plain, plain, engine, ...: the
 order alternates), each step timed after a barrier; a repeat's time per arm is the sum over its
 steps, taken on the slowest rank. The figure is the median over repeats of
@@ -49,7 +52,9 @@ batches and the same dropout RNG state; every parameter and buffer is compared b
 every rank (`bitwise_identical`).
 """
 OUT_FILE = "parity.json"
-TARGET_RATIO = 1.02
+TARGET_RATIO = 1.01
+CLIP = 0.5  # below the gradient norms of this workload: the clipping scales every step
+SCHEDULE = (1000, 3, 0.1)  # total steps, warm-up steps, min lr ratio
 ARMS = ("engine", "plain")
 
 
@@ -65,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=3, help="timed steps per arm and repeat")
     parser.add_argument("--warmup-steps", type=int, default=2)
     parser.add_argument("--check-steps", type=int, default=5, help="steps before the bitwise weight check")
-    parser.add_argument("--strategies", nargs="+", choices=["single", "ddp"], default=["single", "ddp"])
+    parser.add_argument("--strategies", nargs="+", choices=["single", "ddp", "fsdp"], default=["single", "ddp", "fsdp"])
     parser.add_argument("--nproc", type=int, default=2, help="ddp processes")
     parser.add_argument("--batch-size", type=int, default=0, help="per rank; 0: speedup.batch_sizes[0]")
     parser.add_argument("--num-features", type=int, default=0, help="0: speedup.num_features")
@@ -88,6 +93,8 @@ def workload_spec(args: argparse.Namespace) -> dict[str, Any]:
         "seed": cfg.seed,
         "lr": 1e-3,
         "momentum": 0.9,
+        "clip": CLIP,
+        "schedule": list(SCHEDULE),
         "repeats": args.repeats,
         "steps": args.steps,
         "warmup_steps": args.warmup_steps,
@@ -105,25 +112,46 @@ class _Engine:
             "mlp", spec["model"], input_shape=[spec["num_features"]], num_classes=spec["num_classes"], key="speedup"
         )
         optim = Optim(name="sgd", lr=spec["lr"], momentum=spec["momentum"])
-        self.loop = build_loop(wl, device, strategy_name=strategy, precision="fp32", optim=optim)
+        total, warmup, min_ratio = spec["schedule"]
+        cosine = functools.partial(
+            schedule.build, total_steps=total, schedule="cosine", warmup_steps=warmup, min_ratio=min_ratio
+        )
+        self.loop = build_loop(
+            wl,
+            device,
+            strategy_name=strategy,
+            precision="fp32",
+            optim=optim,
+            schedule=cosine,
+            clip_norm=spec["clip"],
+        )
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return self.loop.step([(x, y)])
 
     def weights(self) -> dict[str, torch.Tensor]:
-        return self.loop.workload.model.state_dict()
+        """This rank's parameters and buffers (under fsdp its shards)."""
+        state = self.loop.workload.model.state_dict()
+        return {k: v.to_local() if hasattr(v, "to_local") else v for k, v in state.items()}
 
 
-def _plain(spec: dict[str, Any]) -> plain_loop.PlainLoop:
+def _plain(spec: dict[str, Any], strategy: str) -> plain_loop.PlainLoop:
     torch.manual_seed(spec["seed"])
     model = plain_loop.build_model(
         spec["num_features"], spec["model"]["hidden"], spec["num_classes"], spec["model"]["dropout"]
     )
-    return plain_loop.PlainLoop(model, lr=spec["lr"], momentum=spec["momentum"])
+    return plain_loop.PlainLoop(
+        model,
+        lr=spec["lr"],
+        momentum=spec["momentum"],
+        fsdp=strategy == "fsdp",
+        clip=spec["clip"],
+        schedule=tuple(spec["schedule"]),
+    )
 
 
 def _arms(spec: dict[str, Any], device: torch.device, strategy: str) -> dict[str, Any]:
-    return {"engine": _Engine(spec, device, strategy), "plain": _plain(spec)}
+    return {"engine": _Engine(spec, device, strategy), "plain": _plain(spec, strategy)}
 
 
 def _run(arm: Any, batches: list[tuple[torch.Tensor, torch.Tensor]], steps: int) -> None:
@@ -165,7 +193,7 @@ def _measure_arms(spec: dict[str, Any], strategy: str, device: torch.device, ran
     return {
         "check": check,
         "times": _timed(arms, batches, spec),
-        "num_params": sum(p.numel() for p in arms["plain"].weights().values()),
+        "num_params": sum(p.numel() for p in arms["plain"].model.parameters()),  # a DTensor counts whole
     }
 
 
@@ -193,7 +221,7 @@ def measure_rank(spec: dict[str, Any]) -> dict[str, Any]:
 
 def run_strategy(spec: dict[str, Any], strategy: str, nproc: int, folder: Path) -> dict[str, Any]:
     """Runs one strategy's ranks in fresh processes; returns rank 0's result."""
-    ranks = {"nproc": nproc if strategy == "ddp" else None, "threads_per_process": 1}
+    ranks = {"nproc": nproc if strategy in ("ddp", "fsdp") else None, "threads_per_process": 1}
     try:
         return run_ranks(["bench-worker", "parity"], {**spec, "strategy": strategy}, folder, strategy, **ranks)
     except LaunchError as exc:
@@ -223,6 +251,9 @@ def summarize(spec: dict[str, Any], raw: dict[str, dict[str, Any]], nproc: int) 
             **{k: spec[k] for k in ("model", "num_features", "num_classes", "batch_size", "seed")},
             "num_params": first["num_params"],
             "optimizer": {"name": "sgd", "lr": spec["lr"], "momentum": spec["momentum"]},
+            "grad_clip_norm": spec["clip"],
+            "lr_schedule": dict(zip(("total_steps", "warmup_steps", "min_lr_ratio"), spec["schedule"]))
+            | {"kind": "cosine"},
             "precision": "fp32",
             "device": "cpu",
             "threads_per_process": 1,

@@ -20,7 +20,18 @@ import argparse
 import sys
 from pathlib import Path
 
-from scalelab.bench import data, dvc_repro, loader, mfu, parity, profiler_overhead, scaling, startup, tracking_cost
+from scalelab.bench import (
+    checkpoint,
+    data,
+    dvc_repro,
+    loader,
+    mfu,
+    parity,
+    profiler_overhead,
+    scaling,
+    startup,
+    tracking_cost,
+)
 
 # name -> module with add_arguments(parser), run(args, out_dir) -> dict and headline(result, out) -> str
 BENCHMARKS = {
@@ -33,6 +44,7 @@ BENCHMARKS = {
     "scaling": scaling,
     "mfu": mfu,
     "data": data,
+    "checkpoint": checkpoint,
 }
 
 

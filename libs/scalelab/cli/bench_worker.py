@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-WORKERS = ("loader", "parity", "stopflag")
+WORKERS = ("checkpoint", "loader", "parity", "stopflag")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -14,9 +14,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from scalelab.bench import loader, parity, stopflag_cost
+    from scalelab.bench import checkpoint, loader, parity, stopflag_cost
     from scalelab.launch.local import serve_rank
 
-    measure = {"loader": loader.measure_rank, "parity": parity.measure_rank, "stopflag": stopflag_cost.measure_rank}
+    measure = {
+        "checkpoint": checkpoint.measure_rank,
+        "loader": loader.measure_rank,
+        "parity": parity.measure_rank,
+        "stopflag": stopflag_cost.measure_rank,
+    }
     serve_rank(measure[args.name], args.spec, args.out)
     return 0

@@ -151,6 +151,7 @@ class TrainConfig:
     log_every_steps: int = knob(10, ge=1, doc="metrics are aggregated over this many steps")
     checkpoint_every_steps: int = knob(50, ge=1)
     keep_checkpoints: int = knob(2, ge=2)
+    async_checkpoint: bool = knob(False, doc="write checkpoints in a background thread, overlapping the next steps")
     collective_timeout_s: float = knob(
         300.0,
         gt=0.0,

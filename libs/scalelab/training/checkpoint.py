@@ -7,15 +7,21 @@ file in the same folder and moved into place with os.replace. Under fsdp it is a
 `step-XXXXXXXX.dcp`: every rank writes its own shards of model and optimizer with
 `torch.distributed.checkpoint` (no rank ever holds the whole state), rank 0 adds the rest as
 `extra.pt`, and renames the hidden folder into place. Either way a name that matches is complete
-(the rename is the commit marker); the newest `keep` are kept. DCP reshards on load, and the
-fingerprint holds the global batch rather than the world size, so a job resumes at another
-number of ranks. Each carries a fingerprint of what decides the final weights: the train params, the data,
-the world size and the code of every folder the DVC stage `train` depends on (dvc.yaml). A
-checkpoint made under other params, data or code is never resumed from. `job.json` ties the
-folder to one fingerprint and one tracking run id, written before the first step, so a job killed
-before its first checkpoint still resumes into the same MLflow run. Once the job has written its
+(the rename is the commit marker); the newest `keep` are kept.
+
+Each carries a fingerprint of what decides the final weights: the train params, the data, the
+global batch and the code of every folder the DVC stage `train` depends on (dvc.yaml). A
+checkpoint made under other params, data or code is never resumed from; one made at another
+world size with the same global batch is (DCP reshards on load). `job.json` ties the folder to
+one fingerprint and one tracking run id, written before the first step, so a job killed before
+its first checkpoint still resumes into the same MLflow run. Once the job has written its
 outputs, `job.json` says `finished`: only an interrupted job resumes; a rerun of a finished one
 (another cadence, `dvc repro -f`, a new experiment) trains anew into a new run.
+
+With `asynchronous` (train.async_checkpoint), `save` returns once the state is copied: the write
+and the commit run in a background thread (fsdp: DCP's `async_save`, on a gloo group of its
+own), overlapping the next steps. `wait()` blocks until the last save is committed; the next
+save and the end of training call it.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import logging
 import os
 import re
 import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +56,7 @@ CADENCE_KEYS = (
     "profile",
     "launcher",
     "collective_timeout_s",
+    "async_checkpoint",
 )
 # how the global batch is split over ranks and micro-steps: the ranks' batches of a step together are
 # one process's batch (training.sampler), so these change float rounding and each rank's random
@@ -132,10 +140,25 @@ def read_shards(path: str | Path, target: dict[str, Any]) -> None:
 
 
 class Checkpointer:
-    def __init__(self, folder: str | Path, fingerprint: str, keep: int = 2) -> None:
+    def __init__(self, folder: str | Path, fingerprint: str, keep: int = 2, asynchronous: bool = False) -> None:
         self.folder = Path(folder)
         self.fingerprint = fingerprint
         self.keep = keep
+        self.asynchronous = asynchronous
+        self._pending: Future | None = None  # the last asynchronous save, until committed
+        self._writer: ThreadPoolExecutor | None = None
+        self._group = None  # the process group of DCP's asynchronous saves
+
+    def wait(self) -> None:
+        """Blocks until the last asynchronous save is written and committed (re-raising its error)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def _in_background(self, work) -> None:
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
+        self._pending = self._writer.submit(work)
 
     def steps(self) -> list[int]:
         """Steps of the checkpoint files present, newest first."""
@@ -188,20 +211,27 @@ class Checkpointer:
         writes its shards into a hidden folder, then rank 0 writes `state` there and renames the
         folder into place.
         """
+        self.wait()
         buf = io.BytesIO()
-        torch.save({**state, "step": step, "fingerprint": self.fingerprint}, buf)
-        if shards is None:
-            path = self.folder / f"step-{step:08d}.pt"
+        torch.save({**state, "step": step, "fingerprint": self.fingerprint}, buf)  # a copy: training may go on
+        if shards is not None:
+            return self._save_shards(step, shards, buf.getvalue())
+        path = self.folder / f"step-{step:08d}.pt"
+
+        def write() -> None:
             atomic_write_bytes(path, buf.getvalue())
-        else:
-            path = self._save_shards(step, shards, buf.getvalue())
-        if shards is None or dist.read_env().is_main:
-            for old in self.steps()[self.keep :]:
-                old_path = self.path(old)
-                shutil.rmtree(old_path) if old_path.is_dir() else old_path.unlink(missing_ok=True)
+            self._prune()
+
+        self._in_background(write) if self.asynchronous else write()
         return path
 
+    def _prune(self) -> None:
+        for old in self.steps()[self.keep :]:
+            old_path = self.path(old)
+            shutil.rmtree(old_path) if old_path.is_dir() else old_path.unlink(missing_ok=True)
+
     def _save_shards(self, step: int, shards: dict[str, Any], extra: bytes) -> Path:
+        import torch.distributed as tdist
         import torch.distributed.checkpoint as dcp
 
         path, tmp = self.folder / f"step-{step:08d}.dcp", self.folder / f".step-{step:08d}.dcp.tmp"
@@ -211,10 +241,21 @@ class Checkpointer:
                 shutil.rmtree(tmp)
             tmp.mkdir(parents=True)
         dist.barrier()
-        dcp.save(shards, checkpoint_id=str(tmp))  # returns once every rank's shards and the metadata are written
-        if main:
-            atomic_write_bytes(tmp / EXTRA_FILE, extra)
-            os.replace(tmp, path)  # the commit: a folder with this name is complete
+
+        def commit() -> None:  # rank 0, once every rank's shards and the metadata are written
+            if main:
+                atomic_write_bytes(tmp / EXTRA_FILE, extra)
+                os.replace(tmp, path)  # the commit: a folder with this name is complete
+                self._prune()
+
+        if not self.asynchronous:
+            dcp.save(shards, checkpoint_id=str(tmp))  # returns once every rank's shards and the metadata are written
+            commit()
+            return path
+        if self._group is None and tdist.is_initialized():  # every rank saves: a collective call
+            self._group = tdist.new_group(backend="gloo")  # the background writes' collectives, apart from training's
+        written = dcp.async_save(shards, checkpoint_id=str(tmp), process_group=self._group)  # returns once staged
+        self._in_background(lambda: (written.result(), commit()))
         return path
 
     def load_latest(self) -> dict[str, Any] | None:

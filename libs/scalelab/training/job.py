@@ -150,7 +150,9 @@ def run(
     mark("process_group")  # joined: torchrun's rendezvous and init_process_group are done
     out = Path(out_dir)
     manifest = verify(data_dir)
-    ckpt = Checkpointer(out / "checkpoints", fingerprint(t, manifest), keep=t.keep_checkpoints)
+    ckpt = Checkpointer(
+        out / "checkpoints", fingerprint(t, manifest), keep=t.keep_checkpoints, asynchronous=t.async_checkpoint
+    )
     if env.is_main and t.profile.enabled:
         profiling.clear(out / "profile")  # an earlier run's traces must not be logged with this one
     tracker = open_tracker(params, env, ckpt, device, data_dir)
@@ -280,6 +282,7 @@ def _train(
                     _checkpoint(loop, meter, epoch, step, env, ckpt, tracker, parts)
                 if stopped or early_stop:
                     break
+    ckpt.wait()  # the last (asynchronous) checkpoint is committed before the job ends
     bar.close()
     loader.close()
     mark("last_step")
