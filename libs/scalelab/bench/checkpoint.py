@@ -11,6 +11,8 @@ while saving (VmHWM, reset before each save). One by hand, with a spec.json that
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import shutil
 import statistics
 import time
@@ -19,11 +21,12 @@ from typing import Any
 
 import torch
 
+from scalelab.config import Params, build
 from scalelab.launch.local import LaunchError, run_ranks
-from scalelab.runtime import dist, seeds
+from scalelab.runtime import dist
 from scalelab.runtime.device import setup_process
 from scalelab.runtime.io import atomic_write_json
-from scalelab.training import workloads
+from scalelab.training import job
 from scalelab.training.checkpoint import Checkpointer, checkpoint_state, restore
 from scalelab.training.loop import Loop, Optim, build_loop
 
@@ -34,7 +37,9 @@ thread a rank. `ddp`: the job's path (the state gathered on rank 0, torch.save, 
 every rank loads the file); `fsdp`: each block a shard unit, every rank writes its shards with
 torch.distributed.checkpoint and rank 0 commits the folder; every rank loads and reshards. Per
 size: `repeats` saves, each followed by a load; a figure is the median over repeats of the
-slowest rank. `fsdp-async`: `save_s` is how long the training thread is blocked (DCP's
+slowest rank. Building (the job's path: fsdp builds on the meta device, rank 0 makes the initial
+state on its CPU and each rank receives its shards) and loading report each rank's peak too.
+`fsdp-async`: `save_s` is how long the training thread is blocked (DCP's
 async_save stages a copy), `commit_s` until the background write is committed. Peak memory: the
 largest rank's VmHWM growth during a save and its commit (reset before it): what the save itself
 holds besides the live model (the async arm's staged copy included). Files go to a local disk, in
@@ -68,9 +73,10 @@ def measure_rank(spec: dict[str, Any]) -> dict[str, Any]:
     for arm in spec["arms"]:
         strategy, asynchronous = arm.removesuffix("-async"), arm.endswith("-async")
         for params in spec["params"]:
-            loop, count = _loop(strategy, params, device)
+            loop, count, build_peak = _loop(strategy, params, device, env)
             ckpt = Checkpointer(work / f"{arm}-{params}-w{env.world_size}", "bench", keep=1, asynchronous=asynchronous)
-            got: dict[str, Any] = {"save_s": [], "commit_s": [], "load_s": [], "peak_bytes": [], "parameters": count}
+            got: dict[str, Any] = {"save_s": [], "commit_s": [], "load_s": [], "peak_bytes": [], "load_peak_bytes": []}
+            got.update(parameters=count, build_peak_bytes=build_peak)
             for rep in range(spec["repeats"]):
                 dist.barrier()
                 base = _reset_peak()
@@ -84,8 +90,10 @@ def measure_rank(spec: dict[str, Any]) -> dict[str, Any]:
                 dist.barrier()
                 got["commit_s"].append(time.perf_counter() - start)
                 del state, shards
+                base = _reset_peak()
                 start = time.perf_counter()
                 restore(ckpt.load_latest(), loop, 0, env, {})
+                got["load_peak_bytes"].append(_status_kib("VmHWM") * 1024 - base)
                 dist.barrier()
                 got["load_s"].append(time.perf_counter() - start)
             figures.setdefault(arm, {})[str(params)] = got
@@ -95,18 +103,30 @@ def measure_rank(spec: dict[str, Any]) -> dict[str, Any]:
     return {"ranks": dist.all_gather_object(figures), "is_main": env.is_main}
 
 
-def _loop(strategy: str, params: int, device: torch.device) -> tuple[Loop, int]:
-    seeds.seed_all(0)
+def _loop(strategy: str, params: int, device: torch.device, env: dist.DistEnv) -> tuple[Loop, int, int]:
+    """The model built as `scalelab train` builds it (fsdp: on the meta device, then each rank's
+    shards from rank 0's initial state), after one step; its parameter count and the bytes this
+    rank's resident memory peaked at above its start while building."""
     cfg = gpt_config(params)
-    wl = workloads.load("gpt", cfg, input_shape=[cfg["seq_len"]], num_classes=cfg["vocab_size"])
-    count = sum(p.numel() for p in wl.model.parameters())
-    loop = build_loop(wl, device, strategy_name=strategy, precision="fp32", optim=Optim(name="adamw"))
+    train = build(Params, {"train": {"workload": "gpt", "model": cfg, "strategy": strategy, "seed": 0}})
+    manifest = {"input_shape": [cfg["seq_len"]], "num_classes": cfg["vocab_size"]}
+    base = _reset_peak()
+    wl, init_state = job.build_workload(train, manifest, env, resuming_shards=False)
+    loop = build_loop(
+        wl, device, strategy_name=strategy, precision="fp32", optim=Optim(name="adamw"), init_state=init_state
+    )
+    build_peak = _status_kib("VmHWM") * 1024 - base
+    del init_state
     loop.step([wl.synthetic_batch(4)])  # AdamW's moment buffers exist from here
-    return loop, count
+    return loop, sum(p.numel() for p in loop.model.parameters()), build_peak  # a DTensor counts whole
 
 
 def _reset_peak() -> int:
-    """Resets VmHWM to the current resident size (Linux >= 4.0) and returns that size in bytes."""
+    """Returns freed heap memory to the OS (glibc's malloc_trim: otherwise a later allocation reuses
+    it without growing the resident size), resets VmHWM to the current resident size (Linux >= 4.0)
+    and returns that size in bytes."""
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
     Path("/proc/self/clear_refs").write_text("5")
     return _status_kib("VmRSS") * 1024
 
@@ -151,6 +171,8 @@ def _rows(ranks: list[dict], world: int, sizes: list[int]) -> list[dict[str, Any
                     "commit_s": statistics.median(slowest["commit_s"]),
                     "load_s": statistics.median(slowest["load_s"]),
                     "peak_save_bytes_per_rank": max(max(r["peak_bytes"]) for r in per_rank),
+                    "peak_load_bytes_by_rank": [max(r["load_peak_bytes"]) for r in per_rank],
+                    "peak_build_bytes_by_rank": [r["build_peak_bytes"] for r in per_rank],
                 }
             )
     return rows

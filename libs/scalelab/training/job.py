@@ -201,10 +201,8 @@ def _train(
     data, val_split = (open_split(data_dir, name, manifest, seq_len=seq_len) for name in ("train", "val"))
     loader = RunLoader(data, plan, env, seed=train.seed, num_workers=train.num_workers)  # memory-mapped
     mark("data_loaded")
-    seeds.seed_all(train.seed)  # identical model initialisation on every rank
-    wl = workloads.load(
-        train.workload, train.model, input_shape=manifest["input_shape"], num_classes=manifest["num_classes"]
-    )
+    state = ckpt.load_latest()
+    wl, init_state = build_workload(params, manifest, env, resuming_shards=bool(state and "shards" in state))
     optim = Optim(name=train.optimizer, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)
     total, per_epoch, accum = plan.total_steps, plan.steps_per_epoch, plan.grad_accum_steps
     lr_schedule = functools.partial(
@@ -223,10 +221,10 @@ def _train(
         schedule=lr_schedule,
         clip_norm=train.grad_clip_norm,
         activation_checkpointing=train.activation_checkpointing,
+        init_state=init_state,
     )
     best = Best(train.best_metric, train.best_mode, train.early_stop_patience)
     parts = {"best": best}  # the job's stateful parts beyond the loop's (Loop.stateful)
-    state = ckpt.load_latest()
     step = restore(state, loop, train.seed, env, parts)
     tracker.replay_metrics((state or {}).get(PENDING_KEY, []))  # those the killed try may not have stored
     meter = Meter(train.untimed_steps + step, plan.global_batch)
@@ -316,6 +314,34 @@ def _train(
     dist.barrier()
     mark("outputs_written")
     return summary
+
+
+def build_workload(
+    params: Params, manifest: dict[str, Any], env: dist.DistEnv, resuming_shards: bool
+) -> tuple[workloads.Workload, dict[str, torch.Tensor] | None]:
+    """The workload, its model initialised from `train.seed` identically on every rank.
+
+    Under fsdp the model is built on the meta device (no memory) and sharded before it is
+    materialised: the initial weights are made once, on rank 0's CPU, and each rank receives
+    only its shards (`strategy.wrap`); a job resuming from sharded checkpoints makes none. Returns
+    the workload and that initial state ({} on the other ranks; None when there is none).
+    """
+    train = params.train
+    build = functools.partial(
+        workloads.load,
+        train.workload,
+        train.model,
+        input_shape=manifest["input_shape"],
+        num_classes=manifest["num_classes"],
+    )
+    seeds.seed_all(train.seed)
+    if train.strategy != "fsdp":
+        return build(), None
+    with torch.device("meta"):
+        wl = build()
+    if resuming_shards:
+        return wl, None
+    return wl, build().model.state_dict() if env.is_main else {}
 
 
 def _checkpoint(

@@ -100,13 +100,15 @@ def build_loop(
     schedule: Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler] | None = None,
     clip_norm: float = 0.0,
     activation_checkpointing: bool = False,
+    init_state: dict[str, torch.Tensor] | None = None,
 ) -> Loop:
     """Wraps the workload's model for `strategy_name` and builds optimizer, scheduler and scaler.
 
     `compile` runs the wrapped model through torch.compile; the first step then compiles.
-    `schedule` builds the LR scheduler from the optimizer (training.schedule.build).
+    `schedule` builds the LR scheduler from the optimizer (training.schedule.build). A model on
+    the meta device (fsdp) is materialised from `init_state` (see `strategy.wrap`).
     """
-    model = strategy.wrap(wl.model, strategy_name, device, wl.shard_units, activation_checkpointing)
+    model = strategy.wrap(wl.model, strategy_name, device, wl.shard_units, activation_checkpointing, init_state)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     optimizer = optim.build(model.parameters())
     if compile:

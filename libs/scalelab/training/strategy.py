@@ -23,14 +23,24 @@ def wrap(
     device: torch.device,
     shard_units: Callable[[nn.Module], list[nn.Module]] | None = None,
     activation_checkpointing: bool = False,
+    init_state: dict[str, Any] | None = None,
 ) -> nn.Module:
     """Moves `model` to `device` and wraps it for `strategy` ('single', 'dp', 'ddp' or 'fsdp').
 
     `activation_checkpointing` makes each of the workload's `shard_units` (the whole model
     without them) recompute its activations in backward instead of keeping them; the RNG state
     is replayed, so dropout draws the same masks.
+
+    A model on the meta device (fsdp only) is sharded first, then each rank allocates only its
+    shards on `device` and fills them from `init_state`: the whole initial state dict on global
+    rank 0 (an empty dict on the others), broadcast tensor by tensor. With `init_state` None on
+    every rank the shards are left for a sharded checkpoint to fill.
     """
-    model = model.to(device)
+    on_meta = any(p.is_meta for p in model.parameters())
+    if on_meta and strategy != "fsdp":
+        raise ValueError(f"a model on the meta device needs strategy fsdp, not {strategy!r}")
+    if not on_meta:
+        model = model.to(device)
     if activation_checkpointing:
         from torch.distributed._composable import checkpoint
 
@@ -48,8 +58,20 @@ def wrap(
         mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
         for unit in shard_units(model) if shard_units else []:
             fully_shard(unit, mesh=mesh)
-        return fully_shard(model, mesh=mesh)
+        model = fully_shard(model, mesh=mesh)
+        if on_meta:
+            _materialise(model, device, init_state)
     return model
+
+
+def _materialise(model: nn.Module, device: torch.device, init_state: dict[str, Any] | None) -> None:
+    """Allocates this rank's shards on `device` and fills them from rank 0's `init_state`."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    model.to_empty(device=device)
+    if init_state is not None:  # a collective: rank 0 sends each tensor, every rank keeps its shard
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(model, init_state, options=options)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

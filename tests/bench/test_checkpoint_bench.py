@@ -1,6 +1,7 @@
 """`scalelab bench checkpoint` at two sizes and 1 and 2 ranks: the JSON's fields and headline, and
-per-rank peak memory while saving gpt under fsdp, bounded by the rank's shard of the state plus a
-margin, where ddp's full-state save holds the whole state (measured: VmHWM during the save)."""
+per-rank peak memory (VmHWM) on gpt: an fsdp save or load holds the rank's shard of the state plus
+a margin, where ddp's full-state save and load hold the whole state; fsdp's build on the meta
+device leaves a second rank about half of one rank's peak."""
 
 import json
 
@@ -27,5 +28,12 @@ def test_an_fsdp_save_holds_its_shard_and_ddp_the_whole_state(workdir, capsys):
         assert fsdp["save_s"] > 0 and fsdp["load_s"] > 0
         shard = fsdp["state_bytes"] / world  # 37 MB of weights and AdamW moments, split over the ranks
         assert fsdp["peak_save_bytes_per_rank"] <= shard + MARGIN, (world, fsdp)
-        # the full-state save gathers and serializes the whole state on rank 0: the measure sees it
+        assert max(fsdp["peak_load_bytes_by_rank"]) <= shard + MARGIN, (world, fsdp)  # loaded into its shards
+        # the full-state save gathers and serializes the whole state on rank 0, and every rank loads
+        # the whole file: the measure sees them
         assert ddp["peak_save_bytes_per_rank"] >= 0.9 * ddp["state_bytes"], (world, ddp)
+        assert min(ddp["peak_load_bytes_by_rank"]) >= 0.9 * ddp["state_bytes"], (world, ddp)
+    # fsdp builds on the meta device: rank 1 allocates only its shards (rank 0 also holds the initial
+    # state on its CPU, to send); one rank builds the whole model
+    one, two = rows[("fsdp", 1, big)], rows[("fsdp", 2, big)]
+    assert two["peak_build_bytes_by_rank"][1] <= 0.6 * one["peak_build_bytes_by_rank"][0], (one, two)
