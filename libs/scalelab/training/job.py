@@ -225,6 +225,7 @@ def _train(
     )
     best = Best(train.best_metric, train.best_mode, train.early_stop_patience)
     parts = {"best": best}  # the job's stateful parts beyond the loop's (Loop.stateful)
+    best_weights = outputs.BestWeights(params, manifest, ckpt)
     step = restore(state, loop, train.seed, env, parts)
     tracker.replay_metrics((state or {}).get(PENDING_KEY, []))  # those the killed try may not have stored
     meter = Meter(train.untimed_steps + step, plan.global_batch)
@@ -269,7 +270,7 @@ def _train(
                     val = named(evaluate(loop.model, loop.workload, val_split, env, device), val_split.kind, "val")
                     tracker.log_metrics(val, step)
                     if best.update(val, step):  # every rank: the same all-reduced values
-                        outputs.save_best(params, loop, manifest, ckpt, env, best)
+                        best_weights.keep(loop, env, best)
                     early_stop = best.should_stop and step < total
                 # every rank checks at the same steps: the check is an all-reduce (and a host sync)
                 check = stop is not None and step % params.slurm.stop_check_every_steps == 0
@@ -277,6 +278,8 @@ def _train(
                 if step % train.checkpoint_every_steps == 0 or step == total or stopped or early_stop:
                     if meter.window_steps and not meter.window_is_finite(device):
                         raise NonFiniteLossError(float("nan"), step, ckpt)  # never checkpoint it
+                    if env.is_main:
+                        best_weights.write()  # best.pt agrees with the checkpoint written next
                     _checkpoint(loop, meter, epoch, step, env, ckpt, tracker, parts)
                 if stopped or early_stop:
                     break

@@ -1,6 +1,6 @@
 """What a training job leaves in results/train/: `model.pt` (the last weights), `best.pt` (the
-weights at the best `train.best_metric`, kept in checkpoints/ as training goes), `metrics.json`
-and `run.json`; and their figures and tags in the run. Global rank 0 writes them."""
+weights at the best `train.best_metric`, kept in checkpoints/ as training goes: `BestWeights`),
+`metrics.json` and `run.json`; and their figures and tags in the run. Global rank 0 writes them."""
 
 from __future__ import annotations
 
@@ -24,16 +24,28 @@ from scalelab.training.plan import BEST_FILE, METRICS_FILE, MODEL_FILE, RUN_FILE
 RUN_MEANS = {"samples_per_s": "mean_samples_per_s", "step_time_ms": "mean_step_time_ms"}  # MLflow keys, whole run
 
 
-def save_best(
-    params: Params, loop: Loop, manifest: dict[str, Any], ckpt: Checkpointer, env: dist.DistEnv, best: Best
-) -> None:
-    """Writes the weights of a new best validation value to `checkpoints/best.pt` (the model
-    file's format), which `_write_outputs` copies to `best.pt` at the end. Every rank calls it:
-    under fsdp the weights are gathered to rank 0."""
-    weights = strategy.model_state(loop.model)
-    if env.is_main:
-        extra = {"best": {"metric": best.metric, "value": best.value, "step": best.step}}
-        atomic_write_bytes(ckpt.folder / BEST_FILE, model_file(params, weights, manifest, extra))
+class BestWeights:
+    """The weights at the best validation value so far, serialized in memory on global rank 0 at
+    each improvement and written to `checkpoints/best.pt` with the next checkpoint and at the end,
+    so a checkpoint and the best.pt beside it agree (a resumed job recomputes the same steps and
+    finds the same improvements) without a disk write per validation."""
+
+    def __init__(self, params: Params, manifest: dict[str, Any], ckpt: Checkpointer) -> None:
+        self.params, self.manifest, self.path = params, manifest, ckpt.folder / BEST_FILE
+        self.unwritten: bytes | None = None
+
+    def keep(self, loop: Loop, env: dist.DistEnv, best: Best) -> None:
+        """Every rank calls it at an improvement: under fsdp the weights are gathered to rank 0."""
+        weights = strategy.model_state(loop.model)
+        if env.is_main:
+            extra = {"best": {"metric": best.metric, "value": best.value, "step": best.step}}
+            self.unwritten = model_file(self.params, weights, self.manifest, extra)  # a copy, taken now
+
+    def write(self) -> None:
+        """Writes the kept weights, if newer than the file (rank 0)."""
+        if self.unwritten is not None:
+            atomic_write_bytes(self.path, self.unwritten)
+            self.unwritten = None
 
 
 def model_file(params: Params, weights: dict[str, torch.Tensor], manifest: dict[str, Any], extra=None) -> bytes:
