@@ -107,6 +107,7 @@ ckpt.save(done + 1, {"epoch": 0}, shards(done + 1))
 SHARDED_POINTS = ["serialize", "shard", "metadata", "extra", "rename", "prune"]
 
 
+@pytest.mark.integration  # a python process importing torch.distributed.checkpoint: seconds each
 @pytest.mark.xdist_group("checkpoint-faults")
 @pytest.mark.parametrize("done", [1, 3])
 @pytest.mark.parametrize("point", SHARDED_POINTS)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from helpers import BIN, run_cli, tiny_params, write_params
+from helpers import BIN, group_alive, run_cli, tiny_params, wait_for, write_params
 
 pytestmark = pytest.mark.distributed
 
@@ -78,6 +78,9 @@ def sigkill_after_first_checkpoint(workdir, prepared_digits, sections):
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    # a rank inside a system call (a rename that commits a checkpoint) finishes it before it dies:
+    # what is on disk is settled once every process of the job is gone
+    wait_for(lambda: not group_alive(proc.pid), 60, "the killed job's processes to exit")
     assert list(ckpts.glob("step-*")), "no checkpoint appeared before the kill"
     assert not (workdir / "killed" / "model.pt").exists(), "the run finished before the kill"
     run_id_before = json.loads((ckpts / "job.json").read_text())["run_id"]

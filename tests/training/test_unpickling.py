@@ -4,6 +4,7 @@ import os
 import random
 
 import numpy as np
+import pytest
 import torch
 
 from helpers import run_cli, tiny_params, write_params
@@ -29,6 +30,7 @@ def test_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path):
     assert random.random() == expected[1] and np.random.rand() == expected[2]
 
 
+@pytest.mark.integration  # runs `scalelab evaluate` in a subprocess
 def test_a_model_file_with_a_pickled_payload_is_refused_and_never_runs(workdir, prepared_digits, tmp_path):
     if os.path.exists(MARKER):
         os.remove(MARKER)
