@@ -11,8 +11,6 @@ while saving (VmHWM, reset before each save). One by hand, with a spec.json that
 from __future__ import annotations
 
 import argparse
-import ctypes
-import gc
 import shutil
 import statistics
 import time
@@ -23,7 +21,7 @@ import torch
 
 from scalelab.config import Params, build
 from scalelab.launch.local import LaunchError, run_ranks
-from scalelab.runtime import dist
+from scalelab.runtime import dist, memory
 from scalelab.runtime.device import setup_process
 from scalelab.runtime.io import atomic_write_json
 from scalelab.training import job
@@ -79,21 +77,21 @@ def measure_rank(spec: dict[str, Any]) -> dict[str, Any]:
             got.update(parameters=count, build_peak_bytes=build_peak)
             for rep in range(spec["repeats"]):
                 dist.barrier()
-                base = _reset_peak()
+                base = memory.reset_peak(trim=True)
                 start = time.perf_counter()
                 state, shards = checkpoint_state(loop, 0, None, {})
                 if env.is_main or shards is not None:
                     ckpt.save(rep + 1, state, shards)
                 got["save_s"].append(time.perf_counter() - start)  # the training thread is free again
                 ckpt.wait()
-                got["peak_bytes"].append(_status_kib("VmHWM") * 1024 - base)
+                got["peak_bytes"].append(memory.peak_since(base))
                 dist.barrier()
                 got["commit_s"].append(time.perf_counter() - start)
                 del state, shards
-                base = _reset_peak()
+                base = memory.reset_peak(trim=True)
                 start = time.perf_counter()
                 restore(ckpt.load_latest(), loop, 0, env, {})
-                got["load_peak_bytes"].append(_status_kib("VmHWM") * 1024 - base)
+                got["load_peak_bytes"].append(memory.peak_since(base))
                 dist.barrier()
                 got["load_s"].append(time.perf_counter() - start)
             figures.setdefault(arm, {})[str(params)] = got
@@ -110,32 +108,15 @@ def _loop(strategy: str, params: int, device: torch.device, env: dist.DistEnv) -
     cfg = gpt_config(params)
     train = build(Params, {"train": {"workload": "gpt", "model": cfg, "strategy": strategy, "seed": 0}})
     manifest = {"input_shape": [cfg["seq_len"]], "num_classes": cfg["vocab_size"]}
-    base = _reset_peak()
+    base = memory.reset_peak(trim=True)
     wl, init_state = job.build_workload(train, manifest, env, resuming_shards=False)
     loop = build_loop(
         wl, device, strategy_name=strategy, precision="fp32", optim=Optim(name="adamw"), init_state=init_state
     )
-    build_peak = _status_kib("VmHWM") * 1024 - base
+    build_peak = memory.peak_since(base)
     del init_state
     loop.step([wl.synthetic_batch(4)])  # AdamW's moment buffers exist from here
     return loop, sum(p.numel() for p in loop.model.parameters()), build_peak  # a DTensor counts whole
-
-
-def _reset_peak() -> int:
-    """Returns freed heap memory to the OS (glibc's malloc_trim: otherwise a later allocation reuses
-    it without growing the resident size), resets VmHWM to the current resident size (Linux >= 4.0)
-    and returns that size in bytes."""
-    gc.collect()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-    Path("/proc/self/clear_refs").write_text("5")
-    return _status_kib("VmRSS") * 1024
-
-
-def _status_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise OSError(f"/proc/self/status has no {field}")
 
 
 def measure(params: list[int], ranks: list[int], repeats: int, work: Path) -> list[dict[str, Any]]:

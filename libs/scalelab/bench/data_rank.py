@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from scalelab.runtime import memory
 from scalelab.runtime.io import atomic_write_json
 
 TOUCH_SAMPLES = 128  # the size of a training fetch: the allocator reuses its blocks
@@ -27,10 +28,7 @@ TOUCH_SAMPLES = 128  # the size of a training fetch: the allocator reuses its bl
 
 def rss_anon_mb() -> float:
     """RssAnon of this process in MiB (Linux /proc/self/status)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no RssAnon in /proc/self/status")
+    return memory.status_kib("RssAnon") / 1024
 
 
 def _touch_every_sample(split: Any, env: Any) -> int:

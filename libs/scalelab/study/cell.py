@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from scalelab.config import SpeedupConfig, build
-from scalelab.runtime import dist, seeds
+from scalelab.runtime import dist, memory, seeds
 from scalelab.runtime.device import setup_process
 from scalelab.runtime.repeats import repeat_totals, slowest_rank, timed_repeats
 from scalelab.training import strategy, workloads
@@ -44,27 +43,18 @@ def rank_batch(cfg: SpeedupConfig, strategy_name: str, world_size: int, batch_si
     return batch_size // (1 if strategy_name == "dp" else world_size)
 
 
-def _rss_kib(field: str) -> int:
-    """VmRSS or VmHWM (the peak since the last reset) of this process, in KiB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise OSError(f"/proc/self/status has no {field}")
-
-
 def _start_memory(device: torch.device) -> int:
     """Resets the peak and returns the baseline it is measured from (bytes)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         return torch.cuda.memory_allocated(device)
-    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
-    return 1024 * _rss_kib("VmRSS")
+    return memory.reset_peak()
 
 
 def _peak_memory(device: torch.device, baseline: int) -> int:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) - baseline
-    return 1024 * _rss_kib("VmHWM") - baseline
+    return memory.peak_since(baseline)
 
 
 def time_steps(spec: dict[str, Any]) -> dict[str, Any]:
