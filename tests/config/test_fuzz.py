@@ -21,7 +21,7 @@ from helpers import record_reliability, tiny_params
 from scalelab.cli import main
 
 BAD_VALUES = [{"zz": [1]}, [{"zz": 1}], -(10**30), -1e308, float("-inf"), [[[[[]]]]]]
-CASES = {"params": [0, 0], "overrides": [0, 0]}  # [clean one-line exits, cases]
+CASES = {"params": [0, 0], "overrides": [0, 0], "search": [0, 0]}  # [clean one-line exits, cases]
 
 
 def paths(tree, prefix=()):
@@ -132,6 +132,79 @@ def test_fuzzed_overrides_exit_2_with_one_line(workdir, prepared_digits, key, va
         code, err = run(["sweep", "submit", "--name", "fz", "--data", str(prepared_digits), "-S", f"{key}{sep}{value}"])
         assert_one_clean_line(code, err, folder, "overrides")
         assert "-S" in err or key.split(".")[0] in err or "params.yaml" in err
+
+
+# A search (--method tpe|random): the space syntax and the search options. Each case holds exactly
+# one part that must be refused (drawn from BAD_SEARCH), the others valid (drawn from GOOD_SEARCH).
+GOOD_SPECS = ["train.lr=loguniform(1e-4,1e-1)", "train.lr_warmup_steps=int(0,20)", "train.optimizer=adamw,sgd",
+              "train.model.hidden=choice([16],[32,32])", "train.momentum=uniform(0,0.9)"]  # fmt: skip
+BAD_SPECS = [
+    "train.lr=loguniform(0,1)",  # a log scale from 0
+    "train.lr=uniform(-1,1)",  # the schema refuses lr <= 0 at the low end
+    "train.lr=uniform(0.1,0.01)",  # reversed bounds
+    "train.epochs=int(0,3)",  # epochs >= 1
+    "train.epochs=int(1.5,3)",  # not integers
+    "train.batch_size=int(16,100000)",  # the high end is larger than the training split
+    "train.model.hidden=choice([16],[-1])",  # one choice the model refuses
+    "train.strategy=choice(single,nope)",
+    "train.lr=gauss(0,1)",  # no such function
+    "train.lr=loguniform(1e-4",  # not closed
+    "train.lr=choice()",
+    "train.num_nodes=int(1,2)",  # the job shape is fixed in a search
+    "train.best_metric=val_loss,val_accuracy",  # the objective sets it
+    "train.zz=uniform(0,1)",  # no such key
+]
+GOOD_OPTIONS = {"--method": "tpe", "--trials": "3", "--parallel": "2", "--objective": "val_loss:min",
+                "--pruner": "median"}  # fmt: skip
+BAD_OPTIONS = {
+    "--method": ["bayes", "TPE", ""],
+    "--trials": ["0", "-3"],
+    "--parallel": ["0"],
+    "--objective": ["val_loss", "val_loss:up", "val_nope:min", "train_loss:min", ":min"],
+    "--pruner": ["asha", ""],
+}
+
+
+@st.composite
+def bad_search(draw):
+    specs = draw(st.lists(st.sampled_from(GOOD_SPECS), max_size=3, unique=True))
+    options = dict(GOOD_OPTIONS)
+    if draw(st.booleans()):
+        specs.insert(draw(st.integers(0, len(specs))), draw(st.sampled_from(BAD_SPECS)))
+    else:
+        option = draw(st.sampled_from(sorted(BAD_OPTIONS)))
+        options[option] = draw(st.sampled_from(BAD_OPTIONS[option]))
+        specs = specs or [GOOD_SPECS[0]]
+    if draw(st.booleans()):
+        options["--method"] = options["--method"] if options["--method"] != "tpe" else "random"
+    args = [arg for pair in options.items() for arg in pair]
+    return args + [arg for spec in specs for arg in ("-S", spec)]
+
+
+@pytest.mark.slow  # hundreds of cases: `make test`
+@settings(max_examples=150, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(args=bad_search())
+def test_fuzzed_searches_exit_2_with_one_line(workdir, prepared_digits, args):
+    with fresh_folder() as folder:
+        # a local launcher: a hole in the checks would train here (and fail the test), not hit SLURM
+        (folder / "params.yaml").write_text(yaml.safe_dump(tiny_params(sweep={"launcher": "local"})))
+        CASES["search"][1] += 1
+        code, err = run(["sweep", "submit", "--name", "fz", "--data", str(prepared_digits), *args])
+        assert_one_clean_line(code, err, folder, "search")
+
+
+def test_a_valid_search_passes_the_checks_the_fuzz_relies_on(workdir, prepared_digits):
+    """The fuzz's valid parts are valid: the plan of a search made only of them is accepted."""
+    import argparse
+
+    from scalelab.training.search import plan
+
+    (workdir / "params.yaml").write_text(yaml.safe_dump(tiny_params(sweep={"launcher": "local"})))
+    options = {"method": "tpe", "trials": 3, "parallel": 2, "objective": "val_loss:min", "pruner": "median"}
+    args = argparse.Namespace(name="ok", params="params.yaml", data=str(prepared_digits), set=GOOD_SPECS, **options)
+    search = plan(args, workdir / "results/sweeps/ok")
+    assert (search.trials, search.parallel, search.metric, search.mode) == (3, 2, "val_loss", "min")
+    assert not (workdir / "results").exists() and not (workdir / "mlflow.db").exists()
 
 
 def test_overrides_read_values_as_dvc_does():

@@ -21,7 +21,8 @@ from mlflow import MlflowClient
 
 from helpers import BIN, copy_repo, run_cli, tiny_params, wait_for, write_params
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# one worker runs the module: the baseline (a `dvc repro`, over a minute) is built once, not per worker
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("dvc-experiments")]
 
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@e"]
 STUDY = {  # single-t1, single-t2 and ddp-w2: seconds each

@@ -7,6 +7,7 @@
     scalelab bench loader --out results/bench       # waiting for data -> loader.json
     scalelab bench mfu --out results/bench          # GPT-style workload's FLOP/s and MFU -> mfu.json
     scalelab bench data --out results/bench         # prepare, start-up check, memory vs data size -> data.json
+    scalelab bench search --out results/bench       # tpe+pruning vs random vs grid, one budget -> search.json
     scalelab bench all --out results/bench          # every benchmark with its defaults
 
 Each one also puts its figures into `<out>/summary.md`, one line per figure with its goal and
@@ -29,6 +30,7 @@ from scalelab.bench import (
     parity,
     profiler_overhead,
     scaling,
+    search,
     startup,
     tracking_cost,
 )
@@ -45,6 +47,7 @@ BENCHMARKS = {
     "mfu": mfu,
     "data": data,
     "checkpoint": checkpoint,
+    "search": search,
 }
 
 

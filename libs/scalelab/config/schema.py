@@ -275,8 +275,17 @@ class SlurmConfig:
 
 @dataclass(**FROZEN)
 class SweepConfig:
-    array_parallelism: int = knob(4, ge=1, doc="SLURM array elements running at once")
+    """`scalelab sweep`: a grid as a SLURM job array, or a search (tpe, random) with pruning."""
+
+    array_parallelism: int = knob(4, ge=1, doc="SLURM array elements running at once (--parallel overrides)")
     evaluate: bool = knob(True, doc="score each element on the test split inside its job")
+    launcher: Literal["slurm", "local"] = knob(
+        "slurm", doc="where a search runs its trials: SLURM array elements, or processes on this machine"
+    )
+    storage: str = knob("", doc="the Optuna study's database URL (postgresql://...); empty: a journal file")
+    heartbeat_timeout_s: float = knob(
+        300.0, gt=0.0, doc="a running trial silent this long (its job died) is marked failed and replaced"
+    )
 
 
 @dataclass(**FROZEN)

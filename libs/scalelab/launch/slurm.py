@@ -205,6 +205,14 @@ def _tail(path: Path, seen: int, out: Any) -> int:
     return seen + len(chunk)
 
 
+ENDED_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE"}
+
+
+def has_ended(state: str) -> bool:
+    """A job state (as submitit reports it, e.g. 'CANCELLED by 0') that no requeue follows."""
+    return state.split(" ")[0] in ENDED_STATES
+
+
 def error_line(job: Any) -> str:
     """The exception line of a job's rank-0 stderr, else its last lines."""
     try:

@@ -13,6 +13,7 @@ TIMING_METRICS = (
     "profile_trace_bytes",
 )
 IGNORED_PARAMS = ("tracking.run_id",)  # a sweep's pre-made run: the reproduction gets its own
+SWEEP_LABELS = ("override.", "sampled.")  # a sweep's copies of the values it set (train.* hold them too)
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,8 @@ def compare_metrics(client: Any, old: Any, new: Any, rtol: float, atol: float) -
 
 def compare_params(old: Any, new: Any) -> list[Check]:
     """Every param, seeds included (seed.base, seed.rank.N, the rules, the deterministic flag)."""
-    keys = sorted((set(old.data.params) | set(new.data.params)) - set(IGNORED_PARAMS))
+    names = (set(old.data.params) | set(new.data.params)) - set(IGNORED_PARAMS)
+    keys = sorted(k for k in names if not k.startswith(SWEEP_LABELS))
     differ = [k for k in keys if old.data.params.get(k) != new.data.params.get(k)]
     seeds = [k for k in keys if k.startswith("seed.")]
     checks = [

@@ -37,6 +37,7 @@ from scalelab.training.loader import RunLoader
 from scalelab.training.loop import Loop, Optim, build_loop
 from scalelab.training.meter import Meter
 from scalelab.training.plan import RunPlan
+from scalelab.training.pruning import Pruning
 
 log = logging.getLogger(__name__)
 PENDING_KEY = "pending_metrics"  # checkpoint entry: metrics not yet confirmed stored in MLflow
@@ -241,9 +242,10 @@ def _train(
         mininterval=1.0 if sys.stderr.isatty() else 10.0,
         desc=run_name(params, env.world_size),
     )
-    stopped = early_stop = False
+    stopped = early_stop = pruned = False
+    pruning = Pruning.of(out)  # a search trial: its pruner may stop it at a validation
     with profiling.profiler(train.profile, out / "profile", env.rank) as prof:
-        while step < total and not (stopped or early_stop):
+        while step < total and not (stopped or early_stop or pruned):
             epoch = step // per_epoch
             batches = loader.epoch(epoch, skip_batches=(step - epoch * per_epoch) * accum)
             for _ in range(step - epoch * per_epoch, per_epoch):
@@ -272,16 +274,18 @@ def _train(
                     if best.update(val, step):  # every rank: the same all-reduced values
                         best_weights.keep(loop, env, best)
                     early_stop = best.should_stop and step < total
+                    pruned = pruning is not None and step < total and pruning.should_prune(val, step // per_epoch, env)
                 # every rank checks at the same steps: the check is an all-reduce (and a host sync)
                 check = stop is not None and step % params.slurm.stop_check_every_steps == 0
                 stopped = check and stop.everywhere(device)
-                if step % train.checkpoint_every_steps == 0 or step == total or stopped or early_stop:
+                ended = stopped or early_stop or pruned
+                if step % train.checkpoint_every_steps == 0 or step == total or ended:
                     if meter.window_steps and not meter.window_is_finite(device):
                         raise NonFiniteLossError(float("nan"), step, ckpt)  # never checkpoint it
                     if env.is_main:
                         best_weights.write()  # best.pt agrees with the checkpoint written next
                     _checkpoint(loop, meter, epoch, step, env, ckpt, tracker, parts)
-                if stopped or early_stop:
+                if ended:
                     break
     ckpt.wait()  # the last (asynchronous) checkpoint is committed before the job ends
     bar.close()
@@ -301,7 +305,7 @@ def _train(
         "step": step,
         "total_steps": total,
         "preempted": stopped,
-        "stop_reason": "preempted" if stopped else "early_stop" if early_stop else "completed",
+        "stop_reason": "preempted" if stopped else "early_stop" if early_stop else "pruned" if pruned else "completed",
         "run_id": tracker.run_id,
         **meter.summary(),
         "best_step": best.step,

@@ -92,7 +92,12 @@ def write_outputs(
     atomic_write_json(out / METRICS_FILE, {**metrics, "steps": summary["step"]})
     atomic_write_json(
         out / RUN_FILE,
-        {"run_id": tracker.run_id, "experiment": params.tracking.experiment, "rank_weight_sha256": digests},
+        {
+            "run_id": tracker.run_id,
+            "experiment": params.tracking.experiment,
+            "rank_weight_sha256": digests,
+            "stop_reason": summary["stop_reason"],
+        },
     )
     # the whole run's means get their own keys: step `total` also holds the last window's figures
     tracker.log_metrics({RUN_MEANS.get(k, k): v for k, v in metrics.items()}, summary["step"])
@@ -101,6 +106,7 @@ def write_outputs(
             "weights.sha256": digests[0],
             "weights.ranks_in_sync": str(len(set(digests)) == 1).lower(),
             "scalelab.stop_reason": summary["stop_reason"],
+            **({"scalelab.pruned_step": summary["step"]} if summary["stop_reason"] == "pruned" else {}),
         }
     )
     tracker.log_artifact(out / METRICS_FILE)

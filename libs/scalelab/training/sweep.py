@@ -1,8 +1,10 @@
-"""Sweeps: a grid of params overrides submitted as one SLURM job array.
+"""Sweeps: a grid of params overrides submitted as one SLURM job array, or a search.
 
     scalelab sweep submit  --name lr-seed -S train.lr=0.001,0.003 -S train.seed=0,1
     scalelab sweep status  --name lr-seed
     scalelab sweep collect --name lr-seed     # -> results/sweeps/lr-seed/summary.csv
+    scalelab sweep submit  --name lr --method tpe --trials 40 --parallel 4 --pruner median \\
+        -S 'train.lr=loguniform(1e-4,1e-1)'   # a search: scalelab.training.search
 
 `submit` validates every element (params, data, pre-flight) before anything is submitted, makes one
 MLflow parent run and one child per element, submits the array and returns at once. Each element
@@ -58,6 +60,12 @@ def submit(args: argparse.Namespace) -> int:
     folder = ROOT / args.name
     if (folder / "manifest.json").exists():
         raise ConfigError(f"--name {args.name!r}: {folder} already holds a sweep; pick another name")
+    if args.method != "grid" or load_params(args.params).sweep.launcher == "local" or args.trials:
+        from scalelab.training import search
+
+        return search.submit(args, folder)
+    if args.pruner != "none":
+        raise ConfigError(f"--pruner {args.pruner}: a grid on SLURM trains every element; give --trials to search")
     base, elements = plan(args.params, args.set)
     verify(args.data)
     profile = slurm.load_profile(base.slurm.profile)
@@ -74,7 +82,7 @@ def submit(args: argparse.Namespace) -> int:
     parent.log_params({"overrides": " ".join(args.set), "elements": len(elements)})
     jobs, manifest = [], {"name": args.name, "parent_run_id": parent.run_id, "elements": []}
     ex = slurm.train_executor(base, profile, name=f"sweep-{args.name}")
-    ex.update_parameters(slurm_array_parallelism=base.sweep.array_parallelism)
+    ex.update_parameters(slurm_array_parallelism=args.parallel or base.sweep.array_parallelism)
     with ex.batch():
         for i, (overrides, params) in enumerate(elements):
             child = _child_run(base, parent.run_id, args.name, i, overrides)
@@ -123,7 +131,24 @@ def _job(element: dict[str, Any]) -> Any:
     return submitit.SlurmJob(folder=element["log_folder"], job_id=element["job_id"])
 
 
+def _search(name: str) -> Any:
+    """The search behind a manifest (None for a grid sweep)."""
+    manifest = _manifest(name)
+    if "method" not in manifest:
+        return None
+    from scalelab.training import search
+
+    return search.Search.load(ROOT / name)
+
+
 def status(args: argparse.Namespace) -> int:
+    found = _search(args.name)
+    if found is not None:
+        from scalelab.training import search
+
+        for t in search.load_study(search.info(found)).get_trials(deepcopy=False):
+            print(f"trial {t.number:03d}  {t.state.name:<9}  {t.value!s:<12}  {t.params}")
+        return 0
     for element in _manifest(args.name)["elements"]:
         print(f"{element['index']:03d}  {element['job_id']:>10}  {_job(element).state:<10}  {element['overrides']}")
     return 0
@@ -140,7 +165,6 @@ METRICS = (
     "samples_per_s",
     "step_time_ms",
 )
-ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE"}
 
 
 def _row(client: Any, element: dict[str, Any]) -> dict[str, Any]:
@@ -156,7 +180,7 @@ def _row(client: Any, element: dict[str, Any]) -> dict[str, Any]:
     if state == "COMPLETED" and (Path(element["out"]) / "run.json").is_file():
         metrics = client.get_run(element["run_id"]).data.metrics
         row.update(status="finished", **{k: metrics.get(RUN_MEANS.get(k, k)) for k in METRICS}, error="")
-    elif state in ENDED:
+    elif slurm.has_ended(state):
         row.update(status="failed", error=slurm.error_line(job))
         if client.get_run(element["run_id"]).info.status in ("SCHEDULED", "RUNNING"):
             client.set_terminated(element["run_id"], status="FAILED")
@@ -170,6 +194,12 @@ def collect(args: argparse.Namespace) -> int:
     import pandas as pd
     from mlflow import MlflowClient
 
+    found = _search(args.name)
+    if found is not None:
+        from scalelab.training import search
+
+        search.collect(found)
+        return 0
     manifest = _manifest(args.name)
     client = MlflowClient(tracking_uri())
     frame = pd.DataFrame([_row(client, e) for e in manifest["elements"]])
@@ -194,10 +224,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--name", required=True)
     p.add_argument("--params", default="params.yaml")
     p.add_argument("--data", default="data/prepared")
-    p.add_argument("-S", "--set", action="append", required=True, metavar="KEY=V1,V2")
+    p.add_argument("-S", "--set", action="append", required=True, metavar="KEY=SPACE")
+    p.add_argument("--method", default="grid", help="grid (every combination), tpe or random (default: grid)")
+    p.add_argument("--trials", type=int, help="the budget of trials (tpe, random; grid: the grid's size)")
+    p.add_argument("--parallel", type=int, help="trials at once (default: sweep.array_parallelism)")
+    p.add_argument("--objective", default="val_loss:min", help="<validation metric>:min|max (default val_loss:min)")
+    p.add_argument("--pruner", default="none", help="median, hyperband or none (default: none)")
     for action in ("status", "collect"):
         sub.add_parser(action).add_argument("--name", required=True)
+    w = sub.add_parser("worker")  # one local worker of a search (started by submit)
+    w.add_argument("--folder", required=True)
+    w.add_argument("--index", type=int, required=True)
+
+
+def worker(args: argparse.Namespace) -> int:
+    from scalelab.training import search
+
+    return search.work_local(search.Search.load(args.folder), args.index)
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"submit": submit, "status": status, "collect": collect}[args.action](args)
+    return {"submit": submit, "status": status, "collect": collect, "worker": worker}[args.action](args)

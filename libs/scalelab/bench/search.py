@@ -1,0 +1,148 @@
+"""Search methods on one budget: TPE with median pruning, random and grid, best objective and compute.
+
+    scalelab bench search --out results/bench     # -> results/bench/search.json
+
+The method is METHOD below; the JSON file carries it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from scalelab.bench import stats
+from scalelab.runtime.io import atomic_write_json
+from scalelab.runtime.paths import PACKAGE_ROOT
+
+METHOD = """\
+Each arm is one `scalelab sweep submit` on this machine (`sweep.launcher: local`, `--parallel`
+workers, the journal storage), in its own temporary folder with its own MLflow store, on the
+repository's params.yaml shrunk to a tiny digits MLP (sgd, `--epochs` epochs, one validation per
+epoch, single process). The objective is val_loss:min, the space the learning rate (log scale,
+1e-4 to 1) and the hidden width (16 or 64). Arms: `tpe` with `--pruner median`, `random` without
+pruning, and `grid` over 6 log-spaced learning rates x 2 widths; every arm has the same budget of
+`--trials` trials (the grid's size). Reported per arm: the best val_loss any trial reached, the
+compute spent (the training steps the trials actually ran, pruned ones up to their stop), the
+trial states and the wall time. `--repeats` repeats every arm with another seed (train.seed).
+"""
+OUT_FILE = "search.json"
+GRID_LRS = [1e-4, 6.3e-4, 4e-3, 0.025, 0.16, 1.0]
+SPACE = {"train.lr": "loguniform(1e-4,1.0)", "train.model.hidden": "choice([16],[64])"}
+ARMS = {  # name -> (method, pruner, space)
+    "tpe_median": ("tpe", "median", SPACE),
+    "random": ("random", "none", SPACE),
+    "grid": ("grid", "none", {"train.lr": ",".join(map(str, GRID_LRS)), "train.model.hidden": "[16],[64]"}),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--repo", default=str(PACKAGE_ROOT), help="the repository whose params.yaml is shrunk")
+    parser.add_argument("--trials", type=int, default=len(GRID_LRS) * 2, help="the budget of every arm")
+    parser.add_argument("--parallel", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=1, help="seeds per arm")
+
+
+def _params(repo: Path, epochs: int, seed: int) -> dict[str, Any]:
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["train"].update(
+        strategy="single", nproc_per_node=1, optimizer="sgd", epochs=epochs, batch_size=32, seed=seed,
+        checkpoint_every_steps=1000, log_every_steps=20, untimed_steps=2, model={"hidden": [16], "dropout": 0.0},
+    )  # fmt: skip
+    params["tracking"]["system_metrics_interval_s"] = 0
+    params["sweep"] = {**params.get("sweep", {}), "launcher": "local", "evaluate": False}
+    return params
+
+
+def run_arm(work: Path, name: str, args: argparse.Namespace, seed: int, data: Path) -> dict[str, Any]:
+    method, pruner, space = ARMS[name]
+    folder = work / f"{name}-{seed}"
+    folder.mkdir(parents=True)
+    (folder / "dvc.yaml").write_text("stages: {}\n")
+    (folder / "params.yaml").write_text(yaml.safe_dump(_params(Path(args.repo), args.epochs, seed)))
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'mlflow.db'}"}
+    cmd = [sys.executable, "-m", "scalelab.cli", "sweep", "submit", "--name", "b", "--data", str(data)]
+    cmd += ["--method", method, "--pruner", pruner, "--trials", str(args.trials), "--parallel", str(args.parallel)]
+    cmd += [arg for key, text in space.items() for arg in ("-S", f"{key}={text}")]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True)
+    wall_s = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name}: sweep exited {proc.returncode}: {(proc.stdout + proc.stderr)[-800:]}")
+    import pandas as pd
+
+    rows = pd.read_csv(folder / "results/sweeps/b/summary.csv")
+    values = [v for v in rows.value if isinstance(v, float) and math.isfinite(v)]
+    return {
+        "arm": name,
+        "seed": seed,
+        "best_val_loss": min(values) if values else None,
+        "compute_steps": int(rows.steps.fillna(0).sum()),
+        "trials": len(rows),
+        "states": rows.state.value_counts().to_dict(),
+        "wall_s": wall_s,
+    }
+
+
+def run(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
+    """Runs every arm in a temporary folder, writes search.json and a summary line."""
+    from scalelab.config import DataConfig, build
+    from scalelab.data.prepare import prepare
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="scalelab-bench-search-"))
+    try:
+        data = work / "data"
+        prepare(build(DataConfig, {}), data)
+        runs = [run_arm(work, name, args, seed, data) for seed in range(args.repeats) for name in ARMS]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    arms = {}
+    for name in ARMS:
+        mine = [r for r in runs if r["arm"] == name]
+        arms[name] = {
+            "best_val_loss_median": stats.median([r["best_val_loss"] for r in mine if r["best_val_loss"] is not None]),
+            "compute_steps_median": stats.median([r["compute_steps"] for r in mine]),
+            "wall_s_median": stats.median([r["wall_s"] for r in mine]),
+        }
+    tpe, rnd = arms["tpe_median"], arms["random"]
+    met = tpe["best_val_loss_median"] <= rnd["best_val_loss_median"] and (
+        tpe["compute_steps_median"] < rnd["compute_steps_median"]
+    )
+    result = {
+        "benchmark": "search",
+        "method": METHOD.strip(),
+        "trials": args.trials,
+        "parallel": args.parallel,
+        "epochs": args.epochs,
+        "repeats": args.repeats,
+        "arms": arms,
+        "runs": runs,
+        "goal": "tpe with median pruning reaches a val_loss <= random's with fewer steps",
+        "meets_goal": met,
+        **stats.machine(),
+    }
+    atomic_write_json(out_dir / OUT_FILE, result)
+    stats.write_summary_line(out_dir, "search", _figure(arms), result["goal"], met)
+    return result
+
+
+def _figure(arms: dict[str, Any]) -> str:
+    return "; ".join(
+        f"{name} best val_loss {a['best_val_loss_median']:.4f} in {a['compute_steps_median']:.0f} steps"
+        for name, a in arms.items()
+    )
+
+
+def headline(result: dict, out: Path) -> str:
+    return f"search ({result['trials']} trials each): {_figure(result['arms'])} -> {out / OUT_FILE}"

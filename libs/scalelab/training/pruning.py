@@ -1,0 +1,76 @@
+"""A search trial's link to its Optuna study, as the training job sees it.
+
+`scalelab sweep` writes `<trial folder>/trial.json` before the trial's job starts; `job.run` finds
+it there (any launcher: in-process, torchrun, SLURM) and, at each validation, asks `should_prune`.
+Global rank 0 reports the objective to the study and takes the pruner's decision; every rank gets
+that decision, so all of them stop at the same step. Without the file there is no pruning.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from scalelab.runtime import dist
+
+TRIAL_FILE = "trial.json"
+PRUNERS = ("median", "hyperband", "none")
+
+
+def open_storage(url: str) -> Any:
+    """A database URL (postgresql://...) as Optuna's RDB storage; a file path as its journal storage,
+    which is safe under parallel writers (never a bare SQLite file on a shared path)."""
+    import optuna
+    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock, JournalStorage
+
+    if "://" in url:
+        return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
+    # an open(O_EXCL) lock file rather than a symlink: it works on every shared file system
+    return JournalStorage(JournalFileBackend(url, lock_obj=JournalFileOpenLock(url)))
+
+
+def make_pruner(name: str) -> Any:
+    """`median`: stop a trial below the median of earlier trials at the same validation (after 2
+    finished trials); `hyperband`: successive halving brackets over the validations; `none`."""
+    import optuna
+
+    if name == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
+    if name == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=1, reduction_factor=3)
+    return optuna.pruners.NopPruner()
+
+
+def load_study(info: dict[str, Any]) -> Any:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.load_study(
+        study_name=info["study"], storage=open_storage(info["storage"]), pruner=make_pruner(info["pruner"])
+    )
+
+
+class Pruning:
+    """`should_prune(val_metrics, validation, env)` on every rank after each validation."""
+
+    def __init__(self, info: dict[str, Any]) -> None:
+        self.info = info
+        self._trial: Any = None
+
+    @classmethod
+    def of(cls, out_dir: str | Path) -> Pruning | None:
+        path = Path(out_dir) / TRIAL_FILE
+        return cls(json.loads(path.read_text())) if path.is_file() else None
+
+    def should_prune(self, metrics: dict[str, float], validation: int, env: dist.DistEnv) -> bool:
+        """Rank 0 reports `metrics[objective]` at `validation` (1, 2, ...) and asks the pruner."""
+        decision = False
+        if env.is_main:
+            if self._trial is None:
+                import optuna
+
+                self._trial = optuna.trial.Trial(load_study(self.info), self.info["trial_id"])
+            self._trial.report(metrics[self.info["metric"]], validation)
+            decision = self._trial.should_prune()
+        return bool(dist.broadcast_object(decision))

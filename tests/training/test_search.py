@@ -1,0 +1,76 @@
+"""`scalelab sweep submit --method tpe|random` on this machine (`sweep.launcher: local`): Optuna
+samples, 4 local workers train, the journal storage keeps every trial, MLflow records each one, and
+the best trial's run reproduces."""
+
+import json
+import subprocess
+
+import optuna
+import pandas as pd
+import pytest
+from mlflow import MlflowClient
+
+from helpers import run_cli, tiny_params, write_params
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def study_of(folder):
+    from scalelab.training.pruning import open_storage
+
+    return optuna.load_study(study_name=folder.name, storage=open_storage(str(folder / "optuna.journal")))
+
+
+def test_four_parallel_local_workers_lose_no_trial_and_the_best_reproduces(repo_copy):
+    params = tiny_params(
+        train={"strategy": "single", "nproc_per_node": 1, "optimizer": "sgd", "epochs": 2},
+        tracking={"system_metrics_interval_s": 0},
+        sweep={"launcher": "local", "heartbeat_timeout_s": 60, "evaluate": False},
+    )
+    write_params(repo_copy / "params.yaml", params)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@e"]
+    subprocess.run([*git, "commit", "-qam", "tiny params"], cwd=repo_copy, check=True)
+    run_cli("prepare", "--params", "params.yaml", "--out", "data/prepared", cwd=repo_copy)
+    out = run_cli(
+        "sweep", "submit", "--name", "lr", "--method", "tpe", "--trials", "8", "--parallel", "4",
+        "--objective", "val_accuracy:max", "--pruner", "none",
+        "-S", "train.lr=loguniform(1e-3,0.5)", "-S", "train.model.hidden=choice([16],[32])",
+        cwd=repo_copy, timeout=900,
+    ).stdout  # fmt: skip
+    folder = repo_copy / "results/sweeps/lr"
+    study = study_of(folder)
+    trials = study.get_trials()
+    assert len(trials) == 8, [t.state for t in trials]  # the storage lost none, and asked no extra one
+    assert {t.state for t in trials} == {optuna.trial.TrialState.COMPLETE}
+    assert sorted(t.user_attrs["worker"] for t in trials) != [0] * 8  # the workers shared the budget
+
+    client = MlflowClient(f"sqlite:///{repo_copy / 'mlflow.db'}")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    parent = client.get_run(manifest["parent_run_id"])
+    exp = parent.info.experiment_id
+    children = client.search_runs([exp], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    assert len(children) == 8 and {c.info.status for c in children} == {"FINISHED"}
+    by_number = {int(c.data.tags["scalelab.trial"]): c for c in children}
+    for t in trials:  # each child holds its trial's sampled values, logged and trained with
+        run = by_number[t.number]
+        assert run.info.run_id == t.user_attrs["run_id"]
+        assert float(run.data.params["sampled.train.lr"]) == pytest.approx(t.params["train.lr"])
+        assert run.data.params["train.lr"] == run.data.params["sampled.train.lr"]
+        assert run.data.params["train.model.hidden"] == str(json.loads(t.params["train.model.hidden"]))
+        assert run.data.metrics["best_val_accuracy"] == pytest.approx(t.value)
+
+    best = study.best_trial
+    assert parent.info.status == "FINISHED" and parent.data.tags["scalelab.best_trial"] == str(best.number)
+    assert parent.data.tags["scalelab.best_run_id"] == best.user_attrs["run_id"]
+    assert parent.data.metrics["best_val_accuracy"] == pytest.approx(best.value)
+    assert parent.data.metrics["compute_steps"] == sum(t.user_attrs["steps"] for t in trials)
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"summary.csv", "importance.csv", "objective.png"} <= artifacts, artifacts
+    importance = pd.read_csv(folder / "importance.csv")
+    assert set(importance.param) == {"train.lr", "train.model.hidden"}, importance
+    summary = pd.read_csv(folder / "summary.csv")
+    assert sorted(summary.trial) == list(range(8)) and set(summary.state) == {"finished"}
+    assert f"best: trial {best.number}" in out
+
+    reproduced = run_cli("reproduce", best.user_attrs["run_id"], "--yes", cwd=repo_copy, timeout=600).stdout
+    assert "RESULT: match" in reproduced, reproduced

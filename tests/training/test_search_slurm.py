@@ -1,0 +1,134 @@
+"""A search on the local SLURM cluster: TPE with the median pruner over a job array of 2 workers;
+a worker cancelled with scancel loses its trial (failed, replaced within the budget); a
+preempted worker (USR2) resumes the same trial in the same run."""
+
+import json
+import os
+import subprocess
+import time
+
+import optuna
+import pandas as pd
+import pytest
+from mlflow import MlflowClient
+
+from helpers import BIN, run_cli, tiny_params, wait_for, write_params
+
+pytestmark = [pytest.mark.slurm, pytest.mark.integration, pytest.mark.slow]
+ONE_TASK = {"launcher": "slurm", "num_nodes": 1, "nproc_per_node": 1, "optimizer": "sgd"}
+
+
+def study_of(folder):
+    from scalelab.training.pruning import open_storage
+
+    return optuna.load_study(study_name=folder.name, storage=open_storage(str(folder / "optuna.journal")))
+
+
+def submit(workdir, data, env, name, *args):
+    (workdir / "slurm").symlink_to(BIN.parents[1] / "slurm")  # the cluster profiles
+    out = run_cli("sweep", "submit", "--name", name, "--data", str(data), *args, cwd=workdir, env=env).stdout
+    assert f"submitted search {name!r}" in out, out
+    return json.loads((workdir / "results/sweeps" / name / "manifest.json").read_text())
+
+
+def collect_until_done(workdir, env, name, timeout_s=600):
+    """`sweep collect` until the parent run is finished (the budget spent); the last summary."""
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    parent = json.loads((workdir / "results/sweeps" / name / "manifest.json").read_text())["parent_run_id"]
+    deadline = time.time() + timeout_s
+    while client.get_run(parent).info.status != "FINISHED":
+        assert time.time() < deadline, (workdir / "results/sweeps" / name / "summary.csv").read_text()
+        run_cli("sweep", "collect", "--name", name, cwd=workdir, env=env)
+        time.sleep(3)
+    return pd.read_csv(workdir / "results/sweeps" / name / "summary.csv"), client, client.get_run(parent)
+
+
+def test_tpe_with_median_pruning_on_a_job_array(workdir, prepared_digits, slurm_cluster):
+    # lr from 1e-5 (learns slowly) to 1.0 (near divergence) with sgd, 3 validations per trial: the
+    # median pruner stops trials below the median of the finished ones at the same validation
+    params = tiny_params(train={**ONE_TASK, "epochs": 3}, tracking={"system_metrics_interval_s": 0})
+    write_params(workdir / "params.yaml", params)
+    started = time.time()
+    manifest = submit(
+        workdir, prepared_digits, slurm_cluster, "tpe", "--method", "tpe", "--trials", "8", "--parallel", "2",
+        "--pruner", "median", "--objective", "val_loss:min", "-S", "train.lr=loguniform(1e-5,1.0)",
+    )  # fmt: skip
+    assert time.time() - started < 60  # returns at once
+    assert len({e["job_id"].split("_")[0] for e in manifest["elements"]}) == 1 and len(manifest["elements"]) == 2
+
+    summary, client, parent = collect_until_done(workdir, slurm_cluster, "tpe")
+    assert len(summary) == 8 and sorted(summary.trial) == list(range(8)), summary.to_string()
+    assert set(summary.state) <= {"finished", "pruned", "failed"}
+    pruned = summary[summary.state == "pruned"]
+    assert len(pruned) >= 1, summary.to_string()
+    study = study_of(workdir / "results/sweeps/tpe")
+    assert len(study.trials) == 8
+    children = client.search_runs([parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    assert sorted(int(c.data.tags["scalelab.trial"]) for c in children) == list(range(8))
+    for child in children:
+        row = summary[summary.trial == int(child.data.tags["scalelab.trial"])].iloc[0]
+        assert child.info.run_id == row.run_id
+        if row.state == "pruned":  # a normal end: FINISHED, the reason and the step in tags
+            assert child.info.status == "FINISHED" and child.data.tags["scalelab.stop_reason"] == "pruned"
+            assert int(child.data.tags["scalelab.pruned_step"]) == row.pruned_step == row.steps < 3 * 39
+            assert (workdir / "results/sweeps/tpe/trials" / f"{row.trial:04d}" / "checkpoints").is_dir()
+    best = study.best_trial
+    assert parent.data.tags["scalelab.best_trial"] == str(best.number)
+    assert parent.data.tags["scalelab.best_run_id"] == best.user_attrs["run_id"]
+    assert parent.data.metrics["best_val_loss"] == pytest.approx(best.value)
+    assert parent.data.metrics["trials_pruned"] == len(pruned)
+
+
+def test_a_cancelled_worker_loses_its_trial_and_a_preempted_one_resumes_it(workdir, prepared_digits, slurm_cluster):
+    # trials of ~2,300 steps (seconds): long enough to signal each worker inside its first trial
+    train = {**ONE_TASK, "epochs": 60, "checkpoint_every_steps": 50, "log_every_steps": 50}
+    write_params(
+        workdir / "params.yaml",
+        tiny_params(
+            train=train,
+            tracking={"system_metrics_interval_s": 0},
+            sweep={"heartbeat_timeout_s": 120, "evaluate": False},  # collect sees the cancelled element
+        ),
+    )
+    env = {**os.environ, **slurm_cluster}
+    manifest = submit(
+        workdir, prepared_digits, slurm_cluster, "cx", "--method", "random", "--trials", "3", "--parallel", "2",
+        "-S", "train.lr=loguniform(0.01,0.1)",
+    )  # fmt: skip
+    folder = workdir / "results/sweeps/cx"
+    jobs = [e["job_id"] for e in manifest["elements"]]
+
+    def first_trial(worker):  # the trial the worker claimed first, once it has a checkpoint
+        claim = folder / "workers" / f"{worker:03d}" / "claim-000.json"
+        if not claim.exists():
+            return None
+        number = json.loads(claim.read_text())["number"]
+        return number if list((folder / "trials" / f"{number:04d}" / "checkpoints").glob("step-*.pt")) else None
+
+    try:
+        wait_for(lambda: first_trial(0) is not None and first_trial(1) is not None, 300, "both workers' first trials")
+        preempted, cancelled = first_trial(0), first_trial(1)
+        subprocess.run(["scancel", "--signal=USR2", jobs[0]], env=env, check=True)
+        subprocess.run(["scancel", jobs[1]], env=env, check=True)
+        summary, client, parent = collect_until_done(workdir, slurm_cluster, "cx")
+    finally:
+        subprocess.run(["scancel", *jobs], env=env)
+    rows = summary.set_index("trial")
+    assert rows.loc[cancelled, "state"] == "failed" and bool(rows.loc[cancelled, "lost"]), summary.to_string()
+    ended = summary[~summary.lost.astype(bool)]
+    assert len(ended) == 3 and set(ended.state) == {"finished"}, summary.to_string()  # the budget, all spent
+    assert len(summary) == 4  # the lost trial was replaced
+    assert client.get_run(rows.loc[cancelled, "run_id"]).info.status in ("FAILED", "KILLED")
+
+    # the preempted trial: the same number, the same run, resumed from its checkpoint after the requeue
+    study = study_of(folder)
+    trial = study.trials[preempted]
+    assert trial.state == optuna.trial.TrialState.COMPLETE
+    assert rows.loc[preempted, "run_id"] == trial.user_attrs["run_id"]
+    run = client.get_run(trial.user_attrs["run_id"])
+    assert run.info.status == "FINISHED" and run.data.tags["scalelab.stop_reason"] == "completed"
+    assert run.data.tags["launch.slurm_restart_count"] == "1"
+    history = subprocess.run(
+        ["sacct", "-D", "-j", jobs[0], "-X", "-n", "-P", "-o", "JobID,State"], env=env, capture_output=True, text=True
+    ).stdout
+    assert "REQUEUED" in history or "PREEMPTED" in history, history
