@@ -28,7 +28,8 @@ from services import (  # noqa: F401 (fixture)
     run_server_script,
 )
 
-pytestmark = pytest.mark.integration
+# one worker runs the module (the postgres group's): locked_server starts once, not once per worker
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("postgres")]
 
 EPOCHS, LOG_EVERY, WARMUP = 2, 5, 2
 

@@ -57,6 +57,7 @@ def test_tpe_with_median_pruning_on_a_job_array(workdir, prepared_digits, slurm_
     assert len({e["job_id"].split("_")[0] for e in manifest["elements"]}) == 1 and len(manifest["elements"]) == 2
 
     summary, client, parent = collect_until_done(workdir, slurm_cluster, "tpe")
+    print(summary.to_string())  # shown with `pytest -rP`
     assert len(summary) == 8 and sorted(summary.trial) == list(range(8)), summary.to_string()
     assert set(summary.state) <= {"finished", "pruned", "failed"}
     pruned = summary[summary.state == "pruned"]
