@@ -10,6 +10,8 @@ from mlflow import MlflowClient
 
 from helpers import tiny_params
 from scalelab.training import search
+from scalelab.training.pruning import load_study, open_storage
+from scalelab.training.search_worker import claim
 
 pytestmark = pytest.mark.integration
 
@@ -24,21 +26,21 @@ def a_search(workdir, data, trials):
         storage=str(folder / "optuna.journal"), data=str(data), raw=tiny_params(), launcher="local",
         heartbeat_s=30.0, seed=0,
     )  # fmt: skip
-    optuna.create_study(study_name="hb", storage=search.open_storage(found.storage))
+    optuna.create_study(study_name="hb", storage=open_storage(found.storage))
     return found
 
 
 def test_a_silent_trial_is_lost_and_replaced_a_beating_one_is_not(store_ready, prepared_digits):
     workdir = store_ready
     found = a_search(workdir, prepared_digits, trials=2)
-    silent, beating = search.claim(found, worker=0), search.claim(found, worker=1)
+    silent, beating = claim(found, worker=0), claim(found, worker=1)
     assert (silent, beating) == (0, 1)
     old = time.time() - 120  # the dead worker's last beat, two minutes ago
     os.utime(found.trial_dir(silent) / "heartbeat", (old, old))
     (found.trial_dir(beating) / "heartbeat").touch()
 
-    replacement = search.claim(found, worker=1)  # the budget (2) has room once trial 0 is lost
-    study = search.load_study(search.info(found))
+    replacement = claim(found, worker=1)  # the budget (2) has room once trial 0 is lost
+    study = load_study(search.info(found))
     states = {t.number: t.state for t in study.trials}
     assert states == {0: optuna.trial.TrialState.FAIL, 1: optuna.trial.TrialState.RUNNING,
                       2: optuna.trial.TrialState.RUNNING}  # fmt: skip
@@ -52,5 +54,5 @@ def test_a_silent_trial_is_lost_and_replaced_a_beating_one_is_not(store_ready, p
     # the budget is full (2 running, 0 ended): a claim waits; once both end it is spent
     for number in (1, 2):
         study.tell(number, 0.5)
-    assert search.claim(found, worker=0) is None
+    assert claim(found, worker=0) is None
     assert len(study.trials) == 3

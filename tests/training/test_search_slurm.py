@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
-from helpers import BIN, run_cli, tiny_params, wait_for, write_params
+from helpers import BIN, run_cli, tiny_params, write_params
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration, pytest.mark.slow]
 ONE_TASK = {"launcher": "slurm", "num_nodes": 1, "nproc_per_node": 1, "optimizer": "sgd"}
@@ -106,11 +106,20 @@ def test_a_cancelled_worker_loses_its_trial_and_a_preempted_one_resumes_it(workd
         number = json.loads(claim.read_text())["number"]
         return number if list((folder / "trials" / f"{number:04d}" / "checkpoints").glob("step-*.pt")) else None
 
+    # each worker is signalled as soon as its own first trial has a checkpoint: thousands of steps
+    # remain, so the signal lands inside that trial (scancel kills after KillWait, 5 s)
+    signals = {0: ["scancel", "--signal=USR2", jobs[0]], 1: ["scancel", jobs[1]]}
+    signalled, deadline = {}, time.monotonic() + 300
     try:
-        wait_for(lambda: first_trial(0) is not None and first_trial(1) is not None, 300, "both workers' first trials")
-        preempted, cancelled = first_trial(0), first_trial(1)
-        subprocess.run(["scancel", "--signal=USR2", jobs[0]], env=env, check=True)
-        subprocess.run(["scancel", jobs[1]], env=env, check=True)
+        while len(signalled) < 2:
+            for worker in set(signals) - set(signalled):
+                number = first_trial(worker)
+                if number is not None:
+                    subprocess.run(signals[worker], env=env, check=True)
+                    signalled[worker] = number
+            assert time.monotonic() < deadline, f"no first checkpoint of a worker: {sorted(signalled)} signalled"
+            time.sleep(0.1)
+        preempted, cancelled = signalled[0], signalled[1]
         summary, client, parent = collect_until_done(workdir, slurm_cluster, "cx")
     finally:
         subprocess.run(["scancel", *jobs], env=env)

@@ -34,7 +34,10 @@ COMMANDS: dict[str, tuple[str, str | None]] = {
     "speedup": ("scalelab.cli.speedup", "the speedup study: single vs DataParallel vs DDP at N workers"),
     "summary": ("scalelab.cli.summary", "print the pipeline's headline figures"),
     "ui": ("scalelab.cli.ui", "the MLflow UI on the project's store, opened on the experiment's runs table"),
-    "sweep": ("scalelab.training.sweep", "a grid of -S overrides as one SLURM job array; status; collect"),
+    "sweep": (
+        "scalelab.training.sweep",
+        "a grid of -S overrides as one SLURM job array, or an Optuna search (tpe, random); status; collect",
+    ),
     "reproduce": ("scalelab.cli.reproduce", "rerun a tracked run from its provenance and compare"),
     "send-metrics": ("scalelab.cli.send_metrics", "store the metrics a job wrote to unsent-metrics-<run>.json"),
     "bench": ("scalelab.bench.suite", "benchmarks that write results/bench/*.json"),

@@ -144,9 +144,10 @@ def _search(name: str) -> Any:
 def status(args: argparse.Namespace) -> int:
     found = _search(args.name)
     if found is not None:
-        from scalelab.training import search
+        from scalelab.training.pruning import load_study
+        from scalelab.training.search import info
 
-        for t in search.load_study(search.info(found)).get_trials(deepcopy=False):
+        for t in load_study(info(found)).get_trials(deepcopy=False):
             print(f"trial {t.number:03d}  {t.state.name:<9}  {t.value!s:<12}  {t.params}")
         return 0
     for element in _manifest(args.name)["elements"]:
@@ -196,9 +197,9 @@ def collect(args: argparse.Namespace) -> int:
 
     found = _search(args.name)
     if found is not None:
-        from scalelab.training import search
+        from scalelab.training.search_collect import collect as collect_search
 
-        search.collect(found)
+        collect_search(found)
         return 0
     manifest = _manifest(args.name)
     client = MlflowClient(tracking_uri())
@@ -238,9 +239,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def worker(args: argparse.Namespace) -> int:
-    from scalelab.training import search
+    from scalelab.training.search import Search
+    from scalelab.training.search_worker import work_local
 
-    return search.work_local(search.Search.load(args.folder), args.index)
+    return work_local(Search.load(args.folder), args.index)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,299 @@
+"""A search's workers: each claims trials from the study until the budget is spent, trains them,
+and tells the study how they ended (scalelab.training.search plans and starts them).
+
+A SLURM array element (`SearchJob`) runs its trials as ranks of one job; a local worker
+(`work_local`, `scalelab sweep worker`) runs each through `scalelab train`'s own launcher. Rank 0
+claims under the sweep's lock and writes workers/<i>/claim-<k>.json for the other ranks; while a
+trial trains, rank 0 touches trials/<number>/heartbeat, and a trial whose heartbeat goes stale is
+marked failed (`lost`) by the next claim, which asks a replacement within the budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from scalelab.config import ConfigError, parse_params
+from scalelab.runtime.io import atomic_write_json
+from scalelab.runtime.lock import FolderLock
+from scalelab.tracking import MlflowTracker, tracking_uri
+from scalelab.training.pruning import TRIAL_FILE, load_study
+from scalelab.training.search import Search, info
+from scalelab.training.submit import plan_job, resolve
+
+log = logging.getLogger(__name__)
+
+
+def claim(search: Search, worker: int, job_id: str = "") -> int | None:
+    """Under the sweep's lock: fail the stale trials, then ask for a new one while the budget has
+    room. Returns its number; None when the budget is spent; waits while running trials fill it."""
+    import optuna
+
+    study = load_study(info(search))
+    while True:
+        with FolderLock(search.path("claims"), wait=True):
+            fail_stale(search, study)
+            trials = study.get_trials(deepcopy=False)
+            ended = [t for t in trials if t.state.is_finished() and not t.user_attrs.get("lost")]
+            running = [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+            if len(ended) >= search.trials or len(trials) >= 2 * search.trials:
+                return None  # spent (or too many trials lost: give up rather than loop)
+            if len(ended) + len(running) < search.trials:
+                return _new_trial(search, study, worker, job_id)
+        time.sleep(min(5.0, search.heartbeat_s / 4))
+
+
+def _new_trial(search: Search, study: Any, worker: int, job_id: str) -> int | None:
+    """Asks for a trial and makes its folder, MLflow child run and resolved.json. A sampled point
+    the params schema or the run plan refuses (a combination no bound showed) is a failed trial."""
+    import optuna
+
+    sampler = _sampler(search, len(study.get_trials(deepcopy=False)))
+    study = optuna.load_study(study_name=search.name, storage=study._storage, sampler=sampler)
+    dims = search.dims
+    trial = study.ask({k: d.distribution() for k, d in dims.items()})
+    values = {k: dims[k].value(trial.params[k]) for k in dims}
+    out = search.trial_dir(trial.number)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "heartbeat").touch()
+    try:
+        params = parse_params(search.trial_params(values), f"{search.name} trial {trial.number}")
+        plan_job(params, search.data)
+    except ConfigError as exc:
+        trial.set_user_attr("error", str(exc)[:500])
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        return _new_trial(search, study, worker, job_id) if len(study.trials) < 2 * search.trials else None
+    child = MlflowTracker.open(
+        params.tracking.experiment,
+        run_name=f"{search.name}-{trial.number:03d}",
+        parent_run_id=search.parent_run_id,
+        tags={"scalelab.sweep": search.name, "scalelab.trial": trial.number, "scalelab.sweep_worker": worker},
+    )
+    child.log_params({f"sampled.{k}": v for k, v in values.items()})
+    child.client.update_run(child.run_id, status="SCHEDULED")
+    for key, value in (("run_id", child.run_id), ("worker", worker), ("job_id", job_id)):
+        trial.set_user_attr(key, value)
+    params = dataclasses.replace(params, tracking=dataclasses.replace(params.tracking, run_id=child.run_id))
+    resolve(params, search.data, out)
+    atomic_write_json(out / TRIAL_FILE, {**info(search), "trial_id": trial._trial_id, "number": trial.number})
+    return trial.number
+
+
+def _sampler(search: Search, asked: int) -> Any:
+    """A sampler seeded by the search's seed and the trial's position: parallel workers draw
+    different points, and a rerun of the same history draws the same ones."""
+    import optuna
+
+    seed = search.seed * 100_003 + asked
+    if search.method == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if search.method == "grid":
+        grid = {k: [d.distribution().choices[i] for i in range(len(d.choices))] for k, d in search.dims.items()}
+        return optuna.samplers.GridSampler(grid, seed=search.seed)
+    startup = max(2, min(10, search.trials // 4))  # random points first, then the model
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup, multivariate=True, constant_liar=True)
+
+
+def fail_stale(search: Search, study: Any) -> list[int]:
+    """Marks failed (and `lost`) every running trial whose heartbeat is older than the timeout."""
+    import optuna
+
+    lost = []
+    now = time.time()
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        beat = search.trial_dir(t.number) / "heartbeat"
+        last = beat.stat().st_mtime if beat.exists() else t.datetime_start.timestamp()
+        if now - last > search.heartbeat_s:
+            why = f"no heartbeat for {now - last:.0f} s (sweep.heartbeat_timeout_s = {search.heartbeat_s})"
+            lose(search, study, t, why)
+            lost.append(t.number)
+    return lost
+
+
+def lose(search: Search, study: Any, trial: Any, why: str) -> None:
+    """A trial whose worker died: failed, `lost` (replaced within the budget), its run FAILED."""
+    import optuna
+
+    study._storage.set_trial_user_attr(trial._trial_id, "lost", True)
+    study._storage.set_trial_user_attr(trial._trial_id, "error", why)
+    study.tell(trial.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+    log.warning("search %s: trial %d marked failed: %s", search.name, trial.number, why)
+    run_id = trial.user_attrs.get("run_id")
+    if run_id:
+        from mlflow import MlflowClient
+
+        client = MlflowClient(tracking_uri())
+        client.set_tag(run_id, "scalelab.trial_state", "lost")
+        if client.get_run(run_id).info.status in ("SCHEDULED", "RUNNING"):
+            client.set_terminated(run_id, status="FAILED")
+
+
+def tell(search: Search, number: int, error: str = "") -> str:
+    """Tells the study how trial `number` ended, from the files its job wrote; returns the state."""
+    import optuna
+
+    study = load_study(info(search))
+    out = search.trial_dir(number)
+    trial_id = json.loads((out / TRIAL_FILE).read_text())["trial_id"]
+    storage = study._storage
+    run_file, metrics_file = out / "run.json", out / "metrics.json"
+    if error or not run_file.is_file():
+        storage.set_trial_user_attr(trial_id, "error", (error or "the job wrote no run.json")[:500])
+        study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+        return "failed"
+    reason = json.loads(run_file.read_text())["stop_reason"]
+    metrics = json.loads(metrics_file.read_text())
+    storage.set_trial_user_attr(trial_id, "steps", metrics["steps"])
+    value = metrics.get(f"best_{search.metric}")
+    if reason == "pruned":
+        storage.set_trial_user_attr(trial_id, "pruned_step", metrics["steps"])
+        study.tell(number, state=optuna.trial.TrialState.PRUNED, skip_if_finished=True)
+        return "pruned"
+    if value is None or not math.isfinite(value):
+        storage.set_trial_user_attr(trial_id, "error", f"no finite {search.metric} was validated")
+        study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+        return "failed"
+    study.tell(number, value, skip_if_finished=True)
+    return "finished"
+
+
+class Heartbeat:
+    """`with Heartbeat(folder, every_s):` touches <folder>/heartbeat until the block ends."""
+
+    def __init__(self, folder: Path, every_s: float) -> None:
+        self.path, self.every_s = folder / "heartbeat", every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.path.touch()
+
+    def __enter__(self) -> Heartbeat:
+        self.path.touch()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def claims(search: Search, worker: int, rank: int, job_id: str = ""):
+    """The trial numbers this worker runs, in order. Rank 0 claims and writes claim-<k>.json; the
+    other ranks of a multi-task element read it. A requeued element reads the claims it made
+    before, so it resumes the trial it was running (unless that one was marked lost meanwhile)."""
+    folder = search.path("workers", f"{worker:03d}")
+    for k in range(2 * search.trials + 1):
+        path = folder / f"claim-{k:03d}.json"
+        if rank == 0 and not path.exists():
+            atomic_write_json(path, {"number": claim(search, worker, job_id)})
+        while not path.exists():
+            time.sleep(0.5)
+        number = json.loads(path.read_text())["number"]
+        if number is None:
+            return
+        yield number
+
+
+def is_open(search: Search, number: int) -> bool:
+    """Still to run (or resume): the study has not recorded an end for it."""
+    import optuna
+
+    trial = load_study(info(search)).get_trials(deepcopy=False)[number]
+    return trial.state == optuna.trial.TrialState.RUNNING
+
+
+def work_local(search: Search, worker: int) -> int:
+    """A local worker process: each trial through `scalelab train`'s own launcher (torchrun for
+    ddp and fsdp, in this process otherwise)."""
+    from scalelab.training import evaluation
+    from scalelab.training.plan import read_resolved
+    from scalelab.training.submit import launch
+
+    for number in claims(search, worker, rank=0):
+        if not is_open(search, number):
+            continue
+        out = search.trial_dir(number)
+        params, _ = read_resolved(out / "resolved.json")
+        error = ""
+        with Heartbeat(out, search.heartbeat_s / 4):
+            try:
+                launch(params, search.data, out)
+            except KeyboardInterrupt:
+                tell(search, number, "interrupted (SIGINT)")
+                raise
+            except Exception as exc:  # a diverged or failed trial ends; the search goes on
+                error = f"{type(exc).__name__}: {exc}"
+                log.error("search %s: trial %d failed: %s", search.name, number, error)
+        state = tell(search, number, error)
+        if state == "finished" and params.sweep.evaluate:
+            evaluation.run(params, search.data, out, out / "eval.json")
+        print(f"search {search.name}: trial {number} {state}", flush=True)
+    return 0
+
+
+class SearchJob:
+    """The callable of each SLURM array element: every task of it runs the worker's trials as
+    ranks of one job (`job.run`); checkpointable (a preempted trial resumes after the requeue)."""
+
+    def __init__(self, folder: str, worker: int) -> None:
+        self.folder, self.worker = folder, worker
+
+    def __call__(self) -> int:
+        import submitit
+
+        from scalelab.runtime.signals import StopFlag
+        from scalelab.training import evaluation, job
+        from scalelab.training.plan import read_resolved
+
+        submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+        os.environ["SUBMITIT_FOLDER"] = str(submitit.JobEnvironment().paths.folder)
+        requeue = signal.getsignal(signal.SIGUSR2)
+        stop = StopFlag().arm(signal.SIGUSR2)
+        search = Search.load(self.folder)
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        job_id = os.environ.get("SLURM_ARRAY_JOB_ID", "") + "_" + os.environ.get("SLURM_ARRAY_TASK_ID", "")
+        for number in claims(search, self.worker, rank, job_id):
+            if not is_open(search, number):
+                continue
+            out = search.trial_dir(number)
+            params, run_plan = read_resolved(out / "resolved.json")
+            beat = Heartbeat(out, search.heartbeat_s / 4) if rank == 0 else None
+            try:
+                if beat:
+                    beat.__enter__()
+                summary = job.run(params, run_plan, search.data, str(out), stop=stop)
+            except Exception as exc:
+                if rank == 0:
+                    tell(search, number, f"{type(exc).__name__}: {exc}")
+                if world > 1:  # the process group may be broken: end this element (it stays failed)
+                    raise
+                continue
+            finally:
+                if beat:
+                    beat.__exit__()
+            if summary["preempted"]:
+                if rank == 0 and callable(requeue):
+                    (out / "heartbeat").touch()
+                    requeue(signal.SIGUSR2, None)  # the checkpoint is on disk: requeue (and exit)
+                time.sleep(300)
+                raise RuntimeError("preempted, but the job was not requeued within 300 s")
+            if rank == 0:
+                state = tell(search, number)
+                if state == "finished" and params.sweep.evaluate:
+                    evaluation.run(params, search.data, out, out / "eval.json")
+        return 0
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
