@@ -13,7 +13,7 @@ def step(activation_checkpointing: bool) -> tuple[int, float, list[torch.Tensor]
     (what activation checkpointing saves; seen through saved-tensor hooks), the loss, the gradients."""
     torch.manual_seed(0)
     wl = workloads.load("gpt", GPT, input_shape=[64], num_classes=256)
-    model = strategy.wrap(wl.model, "single", torch.device("cpu"), wl.shard_units, activation_checkpointing)
+    model = strategy.get("single").wrap(wl.model, torch.device("cpu"), wl.shard_units, activation_checkpointing)
     x, y = torch.randint(0, 256, (8, 64)), torch.randint(0, 256, (8, 64))
     kept = 0
 

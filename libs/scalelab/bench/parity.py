@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from scalelab.bench import plain_loop, stats
-from scalelab.config import load_params, to_dict
+from scalelab.config import load_params, strategies, to_dict
 from scalelab.launch.local import LaunchError, run_ranks
 from scalelab.runtime import dist, seeds
 from scalelab.runtime.device import setup_process
@@ -144,7 +144,7 @@ def _plain(spec: dict[str, Any], strategy: str) -> plain_loop.PlainLoop:
         model,
         lr=spec["lr"],
         momentum=spec["momentum"],
-        fsdp=strategy == "fsdp",
+        fsdp=strategies.get(strategy).sharded,
         clip=spec["clip"],
         schedule=tuple(spec["schedule"]),
     )
@@ -221,7 +221,7 @@ def measure_rank(spec: dict[str, Any]) -> dict[str, Any]:
 
 def run_strategy(spec: dict[str, Any], strategy: str, nproc: int, folder: Path) -> dict[str, Any]:
     """Runs one strategy's ranks in fresh processes; returns rank 0's result."""
-    ranks = {"nproc": nproc if strategy in ("ddp", "fsdp") else None, "threads_per_process": 1}
+    ranks = {"nproc": nproc if strategies.get(strategy).distributed else None, "threads_per_process": 1}
     try:
         return run_ranks(["bench-worker", "parity"], {**spec, "strategy": strategy}, folder, strategy, **ranks)
     except LaunchError as exc:

@@ -1,5 +1,5 @@
 """Configuration: the strict loader (`loader`), the params.yaml schema (`schema`), the workload
-registry (`registry`) and `-S key=value` overrides (`overrides`).
+registry (`registry`), the strategies (`strategies`) and `-S key=value` overrides (`overrides`).
 
 Owns: turning YAML and command-line strings into frozen, validated dataclasses, with errors that
 name the key, the bad value and what is allowed. Imports nothing from scalelab outside this
@@ -8,7 +8,6 @@ package, and never probes the machine.
 
 from scalelab.config.loader import ConfigError, build, flatten, knob, read_yaml, to_dict
 from scalelab.config.schema import (
-    DISTRIBUTED,
     FROZEN,
     DataConfig,
     Params,
@@ -19,7 +18,6 @@ from scalelab.config.schema import (
 )
 
 __all__ = [
-    "DISTRIBUTED",
     "FROZEN",
     "ConfigError",
     "DataConfig",

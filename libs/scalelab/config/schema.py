@@ -13,11 +13,11 @@ from typing import Any, Literal
 
 from scalelab.config import registry
 from scalelab.config.loader import ConfigError, build, check_name, knob, read_yaml
+from scalelab.config.strategies import STRATEGIES
+from scalelab.config.strategies import get as get_strategy
 
-Strategy = Literal["single", "dp", "ddp", "fsdp"]
+StrategyName = Literal[tuple(STRATEGIES)]  # the registered strategies (config/strategies.py)
 Precision = Literal["fp32", "bf16", "fp16"]
-# strategies that run one process per worker (torchrun or SLURM tasks) and may span nodes
-DISTRIBUTED = ("ddp", "fsdp")
 
 MAX_SEED = 2**32 - 1  # NumPy and torch both take it
 FROZEN = dict(frozen=True, kw_only=True, slots=True)
@@ -118,7 +118,7 @@ class ProfileConfig:
 class TrainConfig:
     workload: str = knob("mlp", doc="a module in experiments/")
     model: dict[str, Any] = knob({}, doc="the workload's Config, checked by the workload")
-    strategy: Strategy = knob("ddp", doc="single | dp | ddp | fsdp (FSDP2 fully_shard of the workload's shard_units)")
+    strategy: StrategyName = knob("ddp", doc=" | ".join(STRATEGIES) + " (config/strategies.py)")
     launcher: Literal["local", "slurm"] = knob("local")
     nproc_per_node: int = knob(2, ge=1, doc="processes (ddp, fsdp) or devices (dp) per node")
     num_nodes: int = knob(1, ge=1, doc="> 1 needs launcher slurm")
@@ -162,7 +162,7 @@ class TrainConfig:
     @property
     def world_size(self) -> int:
         """Processes taking part: nodes x processes per node for ddp and fsdp, one for single and dp."""
-        return self.num_nodes * self.nproc_per_node if self.strategy in DISTRIBUTED else 1
+        return get_strategy(self.strategy).processes(self.num_nodes * self.nproc_per_node)
 
     @property
     def global_batch(self) -> int:
@@ -170,15 +170,17 @@ class TrainConfig:
         return self.batch_size * self.grad_accum_steps * self.world_size
 
     def check(self, prefix: str) -> None:
-        if self.strategy not in DISTRIBUTED and self.num_nodes > 1:
+        strategy = get_strategy(self.strategy)
+        if not strategy.distributed and self.num_nodes > 1:
+            spanning = " and ".join(n for n, s in STRATEGIES.items() if s.distributed)
             raise ConfigError(
                 f"{prefix}.num_nodes = {self.num_nodes} is not allowed with "
-                f"{prefix}.strategy = '{self.strategy}': only ddp and fsdp span nodes"
+                f"{prefix}.strategy = '{self.strategy}': only {spanning} span nodes"
             )
-        if self.strategy == "single" and self.nproc_per_node != 1:
+        if not strategy.parallel and self.nproc_per_node != 1:
             raise ConfigError(
                 f"{prefix}.nproc_per_node = {self.nproc_per_node} is not allowed "
-                f"with {prefix}.strategy = 'single': set it to 1"
+                f"with {prefix}.strategy = '{self.strategy}': set it to 1"
             )
         if self.num_nodes > 1 and self.launcher != "slurm":
             raise ConfigError(
@@ -214,7 +216,7 @@ class SpeedupConfig:
     )
     precisions: list[Precision] = knob(["fp32"], doc="fp32 | bf16 (autocast) | fp16 (GradScaler, CUDA only)")
     compile: list[bool] = knob([False], doc="torch.compile off and/or on; compile time is reported apart")
-    strategies: list[Strategy] = knob(["single", "dp", "ddp", "fsdp"])
+    strategies: list[StrategyName] = knob(list(STRATEGIES))
     world_sizes: list[int] | Literal["auto"] = knob("auto", doc="auto: 1..GPUs on CUDA, 1..cores on CPU")
     device: Literal["auto", "cpu", "cuda"] = knob("auto")
     launcher: Literal["local", "slurm"] = knob("local", doc="slurm: every cell is a job on slurm.profile")
@@ -245,7 +247,7 @@ class SpeedupConfig:
         if not self.nodes or min(self.nodes) < 1:
             raise ConfigError(f"{prefix}.nodes = {self.nodes} is not allowed: give node counts >= 1")
         for key, values, allowed in (
-            ("strategies", self.strategies, "single, dp, ddp, fsdp"),
+            ("strategies", self.strategies, ", ".join(STRATEGIES)),
             ("precisions", self.precisions, "fp32, bf16, fp16"),
             ("compile", self.compile, "false, true"),
             ("batch_sizes", self.batch_sizes, "per-rank batches >= 1"),

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scalelab.config import DISTRIBUTED, TrainConfig
+from scalelab.config import TrainConfig, strategies
 from scalelab.runtime.device import cpu_count, cuda_device_count
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobShape:
-    strategy: str  # single | dp | ddp | fsdp
+    strategy: str  # a name in config.strategies (single | dp | ddp | fsdp)
     device: str  # auto | cpu | cuda
     nodes: int = 1
-    procs_per_node: int = 1  # processes per node (ddp, fsdp), or devices of the one process (dp)
+    procs_per_node: int = 1  # devices per node: one process each (ddp, fsdp), or all of the one process (dp)
     threads_per_process: int = 1
 
 
@@ -66,25 +66,25 @@ class Misfit:
 def check_shape(shape: JobShape, cap: Capacity) -> Misfit | None:
     """The first way `shape` does not fit `cap`, or None when it fits."""
     device, gpus, cores, where = cap.device(shape.device), cap.gpus_per_node, cap.cpus_per_node, cap.where
-    procs = shape.procs_per_node if shape.strategy in DISTRIBUTED else 1  # processes per node
+    strategy = strategies.get(shape.strategy)
+    procs = strategy.processes(shape.procs_per_node)  # processes per node
     if shape.nodes > cap.nodes:
         return Misfit(
             "num_nodes", shape.nodes, f"needs {shape.nodes} nodes; {where} has {cap.nodes}", f"use at most {cap.nodes}"
         )
     if device == "cuda" and gpus == 0:
         return Misfit("device", "cuda", f"needs a CUDA device; {where} has none", "use 'auto' or 'cpu'")
-    if shape.strategy == "dp" and gpus < 2:
-        return Misfit(
-            "strategy", "dp", f"nn.DataParallel needs >= 2 CUDA devices; {where} has {gpus}", "use 'single' or 'ddp'"
-        )
-    if shape.strategy != "single" and device == "cuda" and shape.procs_per_node > gpus:
+    if gpus < strategy.min_cuda_devices:
+        reason = f"{strategy.wrapper} needs >= {strategy.min_cuda_devices} CUDA devices; {where} has {gpus}"
+        return Misfit("strategy", strategy.name, reason, "use 'single' or 'ddp'")
+    if strategy.parallel and device == "cuda" and shape.procs_per_node > gpus:
         return Misfit(
             "nproc_per_node",
             shape.procs_per_node,
             f"needs {shape.procs_per_node} GPUs per node; {where} has {gpus}",
             f"use at most {gpus}",
         )
-    if shape.strategy in DISTRIBUTED and device == "cpu" and procs > cores:
+    if strategy.distributed and device == "cpu" and procs > cores:
         return Misfit(
             "nproc_per_node",
             procs,

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from scalelab.config import SpeedupConfig
+from scalelab.config import SpeedupConfig, strategies
 from scalelab.study import comm_model
 from scalelab.study.measured import NAN, bootstrap_ratio, repeats_of
 
@@ -69,7 +69,8 @@ def batch_table(frame: pd.DataFrame, results: dict[str, dict]) -> pd.DataFrame:
     reps = repeats_of(results)
     ok = eager_fp32(frame)
     rows = []
-    for _, row in ok[ok.strategy.isin(["ddp", "fsdp"])].iterrows():
+    distributed = [name for name, s in strategies.STRATEGIES.items() if s.distributed]
+    for _, row in ok[ok.strategy.isin(distributed)].iterrows():
         best = best_single(frame, row.batch_size)
         same = ok[
             (ok.strategy == "single")

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from scalelab.config import SpeedupConfig, build
+from scalelab.config import SpeedupConfig, build, strategies
 from scalelab.runtime import dist, memory, seeds
 from scalelab.runtime.device import setup_process
 from scalelab.runtime.repeats import repeat_totals, slowest_rank, timed_repeats
@@ -38,9 +38,10 @@ def _setup(spec: dict[str, Any]) -> tuple[SpeedupConfig, dist.DistEnv, torch.dev
 
 def rank_batch(cfg: SpeedupConfig, strategy_name: str, world_size: int, batch_size: int) -> int:
     """Samples each process feeds per step. dp is one process that splits its batch over GPUs."""
+    processes = strategies.get(strategy_name).processes(world_size)
     if cfg.scaling == "weak":
-        return batch_size * (world_size if strategy_name == "dp" else 1)
-    return batch_size // (1 if strategy_name == "dp" else world_size)
+        return batch_size * world_size // processes
+    return batch_size // processes
 
 
 def _start_memory(device: torch.device) -> int:
@@ -94,7 +95,7 @@ def time_steps(spec: dict[str, Any]) -> dict[str, Any]:
     slowest = slowest_rank(repeat_totals(timed["steps"]))  # the slowest rank sets the pace
     memory = _memory(loop, device, memory_base)
     num_params = sum(p.numel() for p in wl.model.parameters())  # whole tensors (a DTensor counts all)
-    global_batch = batch * (1 if name == "dp" else world)
+    global_batch = batch * strategies.get(name).processes(world)
     step_s = statistics.median(slowest) / cfg.timed_steps
     return {
         "repeat_s": slowest,

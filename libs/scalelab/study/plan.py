@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from scalelab.config import DISTRIBUTED, SpeedupConfig, to_dict
+from scalelab.config import SpeedupConfig, strategies, to_dict
 from scalelab.launch.shape import Capacity, JobShape, check_shape
 from scalelab.runtime.io import json_digest
 
@@ -51,9 +51,14 @@ class Cell:
         return bool(self.reason)
 
     @property
+    def devices_per_node(self) -> int:
+        """Workers per node: one process each under ddp and fsdp, GPUs of the one process under dp."""
+        return self.world_size // self.nodes
+
+    @property
     def procs_per_node(self) -> int:
         """Processes per node: ddp and fsdp run one per worker; single and dp are one process."""
-        return self.world_size // self.nodes if self.strategy in DISTRIBUTED else 1
+        return strategies.get(self.strategy).processes(self.devices_per_node)
 
 
 def plan(cfg: SpeedupConfig, cap: Capacity) -> list[Cell]:
@@ -90,20 +95,18 @@ def _setups(cfg: SpeedupConfig, cap: Capacity, device: str) -> list[Cell]:
     gpus, cores = cap.gpus_per_node, cap.cpus_per_node
     sizes = cfg.world_sizes if cfg.world_sizes != "auto" else _auto_sizes(gpus if device == "cuda" else cores)
     setups: list[Cell] = []
-    for strategy in cfg.strategies:
-        if strategy == "single":
+    for name in cfg.strategies:
+        strategy = strategies.get(name)
+        if not strategy.parallel:  # one process on one device, at each thread count on a CPU
             threads = [1] if device == "cuda" else sorted({1, cores})
-            setups += [
-                Cell(f"single-t{t}" if device == "cpu" else "single-gpu", "single", 1, t, device) for t in threads
-            ]
-        for nodes in cfg.nodes if strategy in DISTRIBUTED else [1]:
-            for world in (w for w in sizes if strategy != "single" and w % nodes == 0):
-                if strategy == "dp" and world < 2:
-                    continue
+            setups += [Cell(f"{name}-t{t}" if device == "cpu" else f"{name}-gpu", name, 1, t, device) for t in threads]
+            continue
+        for nodes in cfg.nodes if strategy.distributed else [1]:
+            for world in (w for w in sizes if w % nodes == 0 and w >= strategy.min_cuda_devices):
                 per_node = world // nodes
                 threads = 1 if device == "cuda" else max(1, cores // per_node)
-                name = f"{strategy}-w{world}" if cfg.nodes == [1] else f"{strategy}-n{nodes}-w{world}"
-                setups.append(Cell(name, strategy, world, threads, device, nodes))
+                cell = f"{name}-w{world}" if cfg.nodes == [1] else f"{name}-n{nodes}-w{world}"
+                setups.append(Cell(cell, name, world, threads, device, nodes))
     return setups
 
 
@@ -120,7 +123,7 @@ def _why_not(cfg: SpeedupConfig, cell: Cell, cap: Capacity) -> str:
         strategy=cell.strategy,
         device=cell.device,
         nodes=cell.nodes,
-        procs_per_node=cell.world_size if cell.strategy == "dp" else cell.procs_per_node,
+        procs_per_node=cell.devices_per_node,
         threads_per_process=cell.threads_per_process,
     )
     misfit = check_shape(shape, cap)

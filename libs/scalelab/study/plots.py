@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from scalelab.config import SpeedupConfig
+from scalelab.config import SpeedupConfig, strategies
 from scalelab.study.measured import measured_singles, reference, seed_singles
 
-WORKERS = ("ddp", "fsdp")
+WORKERS = tuple(s for s in strategies.STRATEGIES.values() if s.distributed)  # plotted against workers
 
 
 def _pyplot():
@@ -62,19 +62,19 @@ def _workers_panels(ref: pd.DataFrame, singles: pd.DataFrame, ax1, ax2) -> None:
     tops: list[float] = []
     effs: list[float] = [1.0]
     for strategy in WORKERS:
-        rows = ok[ok.strategy == strategy].sort_values("world_size")
+        rows = ok[ok.strategy == strategy.name].sort_values("world_size")
         if rows.empty:
             continue
         ticks |= set(int(w) for w in rows.world_size)
         err = [rows.samples_per_s_median - rows.samples_per_s_min, rows.samples_per_s_max - rows.samples_per_s_median]
-        label = strategy.upper()
+        label = strategy.label
         ax1.errorbar(
             rows.world_size, rows.samples_per_s_median, yerr=err, marker="o", label=f"{label} (median, min..max)"
         )
         ax2.plot(rows.world_size, rows.efficiency_vs_same_threads, marker="o", label=f"{label} measured")
         tops += list(rows.samples_per_s_max)
         effs += list(rows.efficiency_vs_same_threads)
-        if strategy == "ddp" and rows.predicted_efficiency.notna().any():
+        if strategy.name == "ddp" and rows.predicted_efficiency.notna().any():
             ax2.plot(rows.world_size, rows.predicted_efficiency, marker="x", label="DDP predicted (model)")
             effs += list(rows.predicted_efficiency)
     if not singles.empty and ticks:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from scalelab.config import Params, SpeedupConfig, flatten, registry, to_dict
+from scalelab.config import Params, SpeedupConfig, flatten, registry, strategies, to_dict
 from scalelab.runtime.io import atomic_write_json, atomic_write_text
 from scalelab.study import comm_model, plots
 from scalelab.study.answers import answers, interval
@@ -54,15 +54,15 @@ def _count(n: int, word: str) -> str:
 def _setup_label(row: pd.Series) -> str:
     """Names the setup with its threads per process: on a CPU, that is what each process gets."""
     threads = _count(row.threads_per_process, "thread")
-    if row.strategy == "single":
-        return f"single process ({'1 GPU' if row.device == 'cuda' else threads})"
+    strategy = strategies.get(row.strategy)
+    if not strategy.parallel:
+        return f"{strategy.label} ({'1 GPU' if row.device == 'cuda' else threads})"
     nodes = f" on {row.nodes} nodes" if row.nodes > 1 else ""
-    if row.strategy == "dp":  # one process driving the GPUs (CUDA only)
-        return f"DataParallel, 1 process x {row.world_size} GPUs{nodes}"
-    name = row.strategy.upper()
+    if not strategy.distributed:  # one process driving the GPUs (dp, CUDA only)
+        return f"{strategy.label}, 1 process x {row.world_size} GPUs{nodes}"
     if row.device == "cuda":
-        return f"{name}, {row.world_size} GPUs{nodes}"
-    return f"{name}, {_count(row.world_size, 'process')}{nodes} x {threads}"
+        return f"{strategy.label}, {row.world_size} GPUs{nodes}"
+    return f"{strategy.label}, {_count(row.world_size, 'process')}{nodes} x {threads}"
 
 
 def _with_ci(row: pd.Series, column: str) -> str:

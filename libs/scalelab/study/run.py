@@ -20,7 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from scalelab.config import DISTRIBUTED, Params, to_dict
+from scalelab.config import Params, strategies, to_dict
 from scalelab.launch import slurm
 from scalelab.launch.local import LaunchError, run_ranks
 from scalelab.launch.shape import Capacity, local_capacity
@@ -49,7 +49,7 @@ def run_cell(kind: str, cell: Cell, spec: dict[str, Any], folder: Path) -> dict[
             spec,
             folder,
             stem,
-            nproc=cell.world_size if cell.strategy in DISTRIBUTED else None,
+            nproc=cell.world_size if strategies.get(cell.strategy).distributed else None,
             threads_per_process=cell.threads_per_process,
         )
     except LaunchError as exc:
@@ -63,14 +63,13 @@ def run_slurm_cells(params: Params, items: list[tuple[str, Cell, dict[str, Any]]
     profile = slurm.load_profile(params.slurm.profile)
     jobs = []
     for kind, cell, spec in items:
-        per_node = cell.procs_per_node
-        gpus = (cell.world_size if cell.strategy == "dp" else per_node) if cell.device == "cuda" else 0
+        gpus = cell.devices_per_node if cell.device == "cuda" else 0
         ex = slurm.executor(
             params,
             profile,
             "scalelab-speedup",
             nodes=cell.nodes,
-            tasks_per_node=per_node,
+            tasks_per_node=cell.procs_per_node,
             cpus_per_task=cell.threads_per_process,
             gpus_per_node=gpus,
         )

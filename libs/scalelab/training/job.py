@@ -328,10 +328,11 @@ def build_workload(
 ) -> tuple[workloads.Workload, dict[str, torch.Tensor] | None]:
     """The workload, its model initialised from `train.seed` identically on every rank.
 
-    Under fsdp the model is built on the meta device (no memory) and sharded before it is
-    materialised: the initial weights are made once, on rank 0's CPU, and each rank receives
-    only its shards (`strategy.wrap`); a job resuming from sharded checkpoints makes none. Returns
-    the workload and that initial state ({} on the other ranks; None when there is none).
+    Under a sharded strategy (fsdp) the model is built on the meta device (no memory) and sharded
+    before it is materialised: the initial weights are made once, on rank 0's CPU, and each rank
+    receives only its shards (`strategy.Strategy.wrap`); a job resuming from sharded checkpoints
+    makes none. Returns the workload and that initial state ({} on the other ranks; None when
+    there is none).
     """
     train = params.train
     build = functools.partial(
@@ -342,7 +343,7 @@ def build_workload(
         num_classes=manifest["num_classes"],
     )
     seeds.seed_all(train.seed)
-    if train.strategy != "fsdp":
+    if not strategy.get(train.strategy).sharded:
         return build(), None
     with torch.device("meta"):
         wl = build()

@@ -106,9 +106,10 @@ def build_loop(
 
     `compile` runs the wrapped model through torch.compile; the first step then compiles.
     `schedule` builds the LR scheduler from the optimizer (training.schedule.build). A model on
-    the meta device (fsdp) is materialised from `init_state` (see `strategy.wrap`).
+    the meta device (fsdp) is materialised from `init_state` (see `strategy.Strategy.wrap`).
     """
-    model = strategy.wrap(wl.model, strategy_name, device, wl.shard_units, activation_checkpointing, init_state)
+    wrap = strategy.get(strategy_name).wrap
+    model = wrap(wl.model, device, wl.shard_units, activation_checkpointing, init_state)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     optimizer = optim.build(model.parameters())
     if compile:

@@ -1,9 +1,10 @@
-"""The one function that turns a plain model into its parallel form, and its inverse for state.
+"""Each strategy's `wrap`, which turns a plain model into its parallel form, and its inverse for state.
 
-fsdp is FSDP2 (`torch.distributed.fsdp.fully_shard`): each module the workload names in
-`shard_units(model)` becomes one sharded unit, then the root. Parameters, gradients and optimizer
-state live as shards (DTensors) on each rank; `sharded_state` hands a checkpoint each rank's
-shards, and `model_state` gathers the plain model's state dict for `model.pt`.
+`get(train.strategy)` is the registered strategy of `scalelab.config.strategies` extended with
+`wrap(model, device, ...)`. fsdp is FSDP2 (`torch.distributed.fsdp.fully_shard`): each module the
+workload names in `shard_units(model)` becomes one sharded unit, then the root. Parameters,
+gradients and optimizer state live as shards (DTensors) on each rank; `sharded_state` hands a
+checkpoint each rank's shards, and `model_state` gathers the plain model's state dict for `model.pt`.
 """
 
 from __future__ import annotations
@@ -11,47 +12,74 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import asdict
 from typing import Any
 
 import torch
 from torch import nn
 
+from scalelab.config import strategies
 
-def wrap(
-    model: nn.Module,
-    strategy: str,
-    device: torch.device,
-    shard_units: Callable[[nn.Module], list[nn.Module]] | None = None,
-    activation_checkpointing: bool = False,
-    init_state: dict[str, Any] | None = None,
-) -> nn.Module:
-    """Moves `model` to `device` and wraps it for `strategy` ('single', 'dp', 'ddp' or 'fsdp').
 
-    `activation_checkpointing` makes each of the workload's `shard_units` (the whole model
-    without them) recompute its activations in backward instead of keeping them; the RNG state
-    is replayed, so dropout draws the same masks.
+class Strategy(strategies.Strategy):
+    """A registered strategy with how it wraps a model: as it is (single), or in its `_parallel` form."""
 
-    A model on the meta device (fsdp only) is sharded first, then each rank allocates only its
-    shards on `device` and fills them from `init_state`: the whole initial state dict on global
-    rank 0 (an empty dict on the others), broadcast tensor by tensor. With `init_state` None on
-    every rank the shards are left for a sharded checkpoint to fill.
-    """
-    on_meta = any(p.is_meta for p in model.parameters())
-    if on_meta and strategy != "fsdp":
-        raise ValueError(f"a model on the meta device needs strategy fsdp, not {strategy!r}")
-    if not on_meta:
-        model = model.to(device)
-    if activation_checkpointing:
-        from torch.distributed._composable import checkpoint
+    def wrap(
+        self,
+        model: nn.Module,
+        device: torch.device,
+        shard_units: Callable[[nn.Module], list[nn.Module]] | None = None,
+        activation_checkpointing: bool = False,
+        init_state: dict[str, Any] | None = None,
+    ) -> nn.Module:
+        """Moves `model` to `device` and wraps it for this strategy.
 
-        for unit in shard_units(model) if shard_units else [model]:
-            checkpoint(unit)
-    if strategy == "dp":
+        `activation_checkpointing` makes each of the workload's `shard_units` (the whole model
+        without them) recompute its activations in backward instead of keeping them; the RNG state
+        is replayed, so dropout draws the same masks.
+
+        A model on the meta device (sharded strategies only) is sharded first, then each rank
+        allocates only its shards on `device` and fills them from `init_state`: the whole initial
+        state dict on global rank 0 (an empty dict on the others), broadcast tensor by tensor. With
+        `init_state` None on every rank the shards are left for a sharded checkpoint to fill.
+        """
+        on_meta = any(p.is_meta for p in model.parameters())
+        if on_meta and not self.sharded:
+            raise ValueError(f"a model on the meta device needs strategy fsdp, not {self.name!r}")
+        if not on_meta:
+            model = model.to(device)
+        if activation_checkpointing:
+            from torch.distributed._composable import checkpoint
+
+            for unit in shard_units(model) if shard_units else [model]:
+                checkpoint(unit)
+        return self._parallel(model, device, shard_units, on_meta, init_state)
+
+    def _parallel(
+        self,
+        model: nn.Module,
+        device: torch.device,
+        shard_units: Callable[[nn.Module], list[nn.Module]] | None,
+        on_meta: bool,
+        init_state: dict[str, Any] | None,
+    ) -> nn.Module:
+        """The model on `device` in its parallel form."""
+        return model
+
+
+class DataParallel(Strategy):
+    def _parallel(self, model, device, shard_units, on_meta, init_state):
         return nn.DataParallel(model)
-    if strategy == "ddp":
+
+
+class DDP(Strategy):
+    def _parallel(self, model, device, shard_units, on_meta, init_state):
         ids = [device.index] if device.type == "cuda" else None
         return nn.parallel.DistributedDataParallel(model, device_ids=ids)
-    if strategy == "fsdp":
+
+
+class FSDP(Strategy):
+    def _parallel(self, model, device, shard_units, on_meta, init_state):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
@@ -61,7 +89,7 @@ def wrap(
         model = fully_shard(model, mesh=mesh)
         if on_meta:
             _materialise(model, device, init_state)
-    return model
+        return model
 
 
 def _materialise(model: nn.Module, device: torch.device, init_state: dict[str, Any] | None) -> None:
@@ -72,6 +100,18 @@ def _materialise(model: nn.Module, device: torch.device, init_state: dict[str, A
     if init_state is not None:  # a collective: rank 0 sends each tensor, every rank keeps its shard
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
         set_model_state_dict(model, init_state, options=options)
+
+
+# config's registry (what the config, the shape check and the study know), each with its wrap
+STRATEGIES: dict[str, Strategy] = {
+    name: kind(**asdict(strategies.get(name)))
+    for name, kind in (("single", Strategy), ("dp", DataParallel), ("ddp", DDP), ("fsdp", FSDP))
+}
+
+
+def get(name: str) -> Strategy:
+    """The registered strategy `name` with its `wrap`; a ConfigError names the allowed ones."""
+    return STRATEGIES[strategies.get(name).name]
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scalelab.config import DISTRIBUTED, ConfigError, Params
+from scalelab.config import ConfigError, Params, strategies
 from scalelab.data.store import DataError, open_split, verify
 from scalelab.launch import slurm
 from scalelab.launch.local import LaunchError, run_torchrun, worker_env
@@ -86,7 +86,7 @@ def launch(params: Params, data_dir: str | Path, out_dir: str | Path) -> dict[st
         resolved = write_resolved(out_dir, params, plan)
         if t.launcher == "slurm":
             return run_slurm(params, profile, resolved, data_dir, out_dir)
-        if t.strategy not in DISTRIBUTED:
+        if not strategies.get(t.strategy).distributed:
             try:
                 return run_worker(resolved, data_dir, out_dir)
             except KeyboardInterrupt:  # the job has closed its run KILLED

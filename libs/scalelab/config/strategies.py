@@ -1,0 +1,60 @@
+"""The strategies: one registered object each, holding what the config, the shape check and the
+study know of it. `scalelab.training.strategy` extends each with how it wraps a model.
+
+Callers ask the object (`get(train.strategy).distributed`), never compare its name. To add a
+strategy, add its row to `STRATEGIES` here and its class to `training/strategy.py`; the schema's
+allowed names (`StrategyName`) are this registry's keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scalelab.config.loader import ConfigError
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Strategy:
+    name: str  # the value of train.strategy and speedup.strategies
+    label: str  # how the study's report and plots name it
+    wrapper: str  # what training wraps the model in, as messages name it
+    parallel: bool  # drives nproc_per_node devices per node; False: one process on one device
+    distributed: bool = False  # one process per device (torchrun or SLURM tasks), and may span nodes
+    sharded: bool = False  # parameters, gradients and optimizer state live as shards; built on meta
+    min_cuda_devices: int = 0  # CUDA devices per node it needs, on any device setting
+
+    def processes(self, num_devices: int) -> int:
+        """Processes that drive `num_devices` devices (of one node, or of all nodes together): one
+        per device when distributed, else one (the world size for all nodes)."""
+        return num_devices if self.distributed else 1
+
+
+STRATEGIES: dict[str, Strategy] = {
+    s.name: s
+    for s in (
+        Strategy(name="single", label="single process", wrapper="the plain model", parallel=False),
+        Strategy(name="dp", label="DataParallel", wrapper="nn.DataParallel", parallel=True, min_cuda_devices=2),
+        Strategy(name="ddp", label="DDP", wrapper="DistributedDataParallel", parallel=True, distributed=True),
+        Strategy(
+            name="fsdp",
+            label="FSDP",
+            wrapper="FSDP2 fully_shard of the workload's shard_units",
+            parallel=True,
+            distributed=True,
+            sharded=True,
+        ),
+    )
+}
+
+
+def get(name: str) -> Strategy:
+    """The registered strategy `name`.
+
+    Raises:
+        ConfigError: no strategy has that name; the message lists those that do.
+    """
+    try:
+        return STRATEGIES[name]
+    except KeyError:
+        allowed = " | ".join(repr(n) for n in STRATEGIES)
+        raise ConfigError(f"strategy = {name!r} is not allowed: expected one of {allowed}") from None
