@@ -82,7 +82,7 @@ def test_tpe_with_median_pruning_on_a_job_array(workdir, prepared_digits, slurm_
 
 def test_a_cancelled_worker_loses_its_trial_and_a_preempted_one_resumes_it(workdir, prepared_digits, slurm_cluster):
     # trials of ~2,300 steps (seconds): long enough to signal each worker inside its first trial
-    train = {**ONE_TASK, "epochs": 60, "checkpoint_every_steps": 50, "log_every_steps": 50}
+    train = {**ONE_TASK, "epochs": 60, "checkpoint_every_steps": 50, "log_every_steps": 50, "keep_checkpoints": 100}
     write_params(
         workdir / "params.yaml",
         tiny_params(
@@ -124,7 +124,10 @@ def test_a_cancelled_worker_loses_its_trial_and_a_preempted_one_resumes_it(workd
     finally:
         subprocess.run(["scancel", *jobs], env=env)
     rows = summary.set_index("trial")
+    print(summary.to_string())  # shown with `pytest -rP`
     assert rows.loc[cancelled, "state"] == "failed" and bool(rows.loc[cancelled, "lost"]), summary.to_string()
+    assert "cancelled" in rows.loc[cancelled, "error"] or "ended" in rows.loc[cancelled, "error"]
+    assert not (folder / "workers/001/claim-001.json").exists()  # the cancelled worker claimed no other trial
     ended = summary[~summary.lost.astype(bool)]
     assert len(ended) == 3 and set(ended.state) == {"finished"}, summary.to_string()  # the budget, all spent
     assert len(summary) == 4  # the lost trial was replaced
@@ -138,6 +141,8 @@ def test_a_cancelled_worker_loses_its_trial_and_a_preempted_one_resumes_it(workd
     run = client.get_run(trial.user_attrs["run_id"])
     assert run.info.status == "FINISHED" and run.data.tags["scalelab.stop_reason"] == "completed"
     assert run.data.tags["launch.slurm_restart_count"] == "1"
+    saved = {int(p.stem.split("-")[1]) for p in (folder / "trials" / f"{preempted:04d}/checkpoints").glob("step-*.pt")}
+    assert saved - set(range(0, 60 * 39 + 1, 50)) - {60 * 39}, saved  # the stop's own checkpoint, off the 50s
     history = subprocess.run(
         ["sacct", "-D", "-j", jobs[0], "-X", "-n", "-P", "-o", "JobID,State"], env=env, capture_output=True, text=True
     ).stdout

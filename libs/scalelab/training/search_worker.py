@@ -258,7 +258,9 @@ class SearchJob:
         submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
         os.environ["SUBMITIT_FOLDER"] = str(submitit.JobEnvironment().paths.folder)
         requeue = signal.getsignal(signal.SIGUSR2)
-        stop = StopFlag().arm(signal.SIGUSR2)
+        # USR2: preempted (checkpoint, requeue, resume the trial); SIGTERM: cancelled (scancel, which
+        # kills only after KillWait): the trial stops at once, is lost and replaced, the element ends
+        stop = StopFlag().arm(signal.SIGUSR2, signal.SIGTERM)
         search = Search.load(self.folder)
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         job_id = os.environ.get("SLURM_ARRAY_JOB_ID", "") + "_" + os.environ.get("SLURM_ARRAY_TASK_ID", "")
@@ -281,6 +283,12 @@ class SearchJob:
             finally:
                 if beat:
                     beat.__exit__()
+            if summary["preempted"] and stop.signal == signal.SIGTERM:
+                if rank == 0:
+                    with FolderLock(search.path("claims"), wait=True):
+                        study = load_study(info(search))
+                        lose(search, study, study.trials[number], "its SLURM array element was cancelled (SIGTERM)")
+                return 0
             if summary["preempted"]:
                 if rank == 0 and callable(requeue):
                     (out / "heartbeat").touch()
