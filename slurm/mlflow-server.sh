@@ -27,6 +27,8 @@
 #   ALLOW_NO_AUTH=1         allow a non-loopback HOST without AUTH=basic (anyone who can reach the
 #                           port can then read and write every run)
 #   CHECK_ONLY=1            check the settings (and the admin password), print what would run, exit
+#   MLFLOW_SERVER_ENABLE_JOB_EXECUTION
+#                           MLflow's job runner for GenAI jobs (false: scalelab submits none)
 # Further arguments are passed on to `mlflow server`.
 #
 # Files: everything the server creates (the SQLite store, the artifact folder and every artifact,
@@ -188,4 +190,7 @@ if [ "${CHECK_ONLY:-0}" = 1 ]; then
   echo "mlflow-server.sh: CHECK_ONLY=1: settings accepted: would run mlflow ${args[*]} $*" >&2
   exit 0
 fi
+# MLflow's job runner (a runner and 7 huey consumer processes, ~16 s of CPU at every start) serves
+# GenAI jobs that scalelab never submits: off unless MLFLOW_SERVER_ENABLE_JOB_EXECUTION says otherwise
+export MLFLOW_SERVER_ENABLE_JOB_EXECUTION="${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false}"
 exec "$MLFLOW" "${args[@]}" "$@"

@@ -85,6 +85,8 @@ def serve(
 ) -> Iterator[Service]:
     """Starts `cmd` in its own process group, waits for GET /health, and stops the group at exit."""
     log.parent.mkdir(parents=True, exist_ok=True)
+    # what slurm/mlflow-server.sh and `scalelab ui` do: no MLflow job runner (8 processes per server)
+    env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **(os.environ if env is None else env)}
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"

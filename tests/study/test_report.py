@@ -7,6 +7,7 @@ skipped as on a CPU.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -372,3 +373,19 @@ def test_headline_and_summary_give_the_interval_and_say_noisy(tmp_path):
     (tmp_path / "speedup").mkdir()
     (tmp_path / "speedup/speedup.json").write_text(json.dumps(loud))
     assert f"speedup study   {loud['headline']}" in summary(tmp_path)
+
+
+def test_activation_checkpointing_answer_compares_each_ac_cell_with_its_twin(tmp_path):
+    cfg = speedup_cfg(batch_sizes=[64], precisions=["fp32"], compile=[False], activation_checkpointing=[False, True])
+    cells = [cell_of(n) for n in ("single-t1", "ddp-w2")]
+    cells += [dataclasses.replace(c, name=f"{c.name}-ac", activation_checkpointing=True) for c in cells]
+    results = {c.name: result(c, SPS[c.name.removesuffix("-ac")] * (0.8 if c.activation_checkpointing else 1))
+               for c in cells}  # fmt: skip
+    results["ddp-w2-ac"]["peak_mem_bytes_per_rank"] = 18 * 2**20  # 30 MiB without: -40%
+    frame, md = write(tmp_path, cfg, cells, results)
+    on = {"single-t1": False, "ddp-w2": False, "single-t1-ac": True, "ddp-w2-ac": True}
+    assert frame.activation_checkpointing.astype(bool).to_dict() == on
+    line = next(ln for ln in md.splitlines() if "What activation checkpointing saves" in ln)
+    assert "`ddp-w2-ac` peak 18.0 MiB per rank vs 30.0 MiB (`ddp-w2`, -40%) at 0.80x the throughput" in line, line
+    assert "`single-t1-ac` peak 30.0 MiB per rank vs 30.0 MiB (`single-t1`, +0%)" in line, line
+    assert frame.loc["ddp-w2-ac", "speedup"] == pytest.approx(0.8 * SPS["ddp-w2"] / SPS["single-t1"])  # vs single-t1

@@ -11,6 +11,7 @@ import pytest
 from mlflow import MlflowClient
 
 from helpers import run_cli, tiny_params, write_params
+from services import postgres  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -74,3 +75,32 @@ def test_four_parallel_local_workers_lose_no_trial_and_the_best_reproduces(repo_
 
     reproduced = run_cli("reproduce", best.user_attrs["run_id"], "--yes", cwd=repo_copy, timeout=600).stdout
     assert "RESULT: match" in reproduced, reproduced
+
+
+@pytest.mark.postgres
+def test_a_search_on_postgresql_loses_no_trial_under_4_parallel_workers(workdir, prepared_digits, postgres):
+    import psycopg2
+
+    conn = psycopg2.connect(postgres.uri)  # a database of its own: Optuna's and MLflow's schemas share table names
+    conn.autocommit = True
+    conn.cursor().execute("CREATE DATABASE optuna")
+    conn.close()
+    storage = postgres.uri.rsplit("/", 1)[0] + "/optuna"
+    write_params(
+        workdir / "params.yaml",
+        tiny_params(
+            train={"strategy": "single", "nproc_per_node": 1, "epochs": 1},
+            tracking={"system_metrics_interval_s": 0},
+            sweep={"launcher": "local", "evaluate": False, "storage": storage},
+        ),
+    )
+    run_cli(
+        "sweep", "submit", "--name", "pg", "--data", str(prepared_digits), "--method", "random", "--trials", "4",
+        "--parallel", "4", "-S", "train.lr=loguniform(1e-3,0.1)", cwd=workdir, timeout=600,
+    )  # fmt: skip
+    from scalelab.training.pruning import open_storage
+
+    trials = optuna.load_study(study_name="pg", storage=open_storage(storage)).get_trials()
+    assert len(trials) == 4 and {t.state for t in trials} == {optuna.trial.TrialState.COMPLETE}
+    assert len({t.user_attrs["worker"] for t in trials}) > 1  # the 4 workers shared them
+    assert not (workdir / "results/sweeps/pg/optuna.journal").exists()

@@ -35,5 +35,7 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     mlflow = str(Path(sys.executable).with_name("mlflow"))
     cmd = [mlflow, "ui", "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port), "--workers", "1"]
+    # MLflow's job runner (8 more processes) serves GenAI jobs that scalelab never submits
+    os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
     os.execv(mlflow, cmd)
     return 0  # not reached

@@ -216,6 +216,9 @@ class SpeedupConfig:
     )
     precisions: list[Precision] = knob(["fp32"], doc="fp32 | bf16 (autocast) | fp16 (GradScaler, CUDA only)")
     compile: list[bool] = knob([False], doc="torch.compile off and/or on; compile time is reported apart")
+    activation_checkpointing: list[bool] = knob(
+        [False], doc="off and/or on: each shard unit recomputes its activations in backward (memory per rank)"
+    )
     strategies: list[StrategyName] = knob(list(STRATEGIES))
     world_sizes: list[int] | Literal["auto"] = knob("auto", doc="auto: 1..GPUs on CUDA, 1..cores on CPU")
     device: Literal["auto", "cpu", "cuda"] = knob("auto")
@@ -250,6 +253,7 @@ class SpeedupConfig:
             ("strategies", self.strategies, ", ".join(STRATEGIES)),
             ("precisions", self.precisions, "fp32, bf16, fp16"),
             ("compile", self.compile, "false, true"),
+            ("activation_checkpointing", self.activation_checkpointing, "false, true"),
             ("batch_sizes", self.batch_sizes, "per-rank batches >= 1"),
         ):
             if not values or len(set(values)) != len(values):

@@ -46,7 +46,7 @@ def best_per_world(cfg: SpeedupConfig, frame: pd.DataFrame) -> str:
 def pairs(frame: pd.DataFrame, axis: str, value, against) -> list[tuple[pd.Series, pd.Series]]:
     """(cell, twin) pairs: measured cells at axis=value and the measured cell that differs only there."""
     ok = frame[frame.status == "ok"]
-    other = [k for k in ("precision", "compile") if k != axis]
+    other = [k for k in ("precision", "compile", "activation_checkpointing") if k != axis]
     found = []
     for _, row in ok[ok[axis] == value].iterrows():
         twin = ok[(ok[axis] == against) & (ok[SAME_SETUP + other] == row[SAME_SETUP + other]).all(axis=1)]
@@ -74,6 +74,22 @@ def compile_gain(frame: pd.DataFrame) -> str:
     pays = f"pays back after {steps:,.0f} steps" if steps == steps else "never pays back (not faster)"
     compile_s = f"{best.compile_s:,.1f} s" if best.compile_s == best.compile_s else "unknown"
     return f"{text}; `{best['name']}` compiles in {compile_s} and {pays}"
+
+
+def checkpointing_saves(frame: pd.DataFrame) -> str:
+    """Peak memory per rank with activation checkpointing against the same cell without it."""
+    found = [(a, b) for a, b in pairs(frame, "activation_checkpointing", True, False)
+             if a.peak_mem_bytes_per_rank == a.peak_mem_bytes_per_rank]  # fmt: skip
+    if not found:
+        return "not measured"
+    parts = []
+    for a, b in found:
+        on, off = a.peak_mem_bytes_per_rank, b.peak_mem_bytes_per_rank
+        parts.append(
+            f"`{a['name']}` peak {on / MIB:,.1f} MiB per rank vs {off / MIB:,.1f} MiB (`{b['name']}`, "
+            f"{on / off - 1:+.0%}) at {a.samples_per_s_median / b.samples_per_s_median:.2f}x the throughput"
+        )
+    return "; ".join(parts)
 
 
 def _ratios(found: list[tuple[pd.Series, pd.Series]], what: str) -> str:
@@ -125,6 +141,8 @@ def answers(cfg: SpeedupConfig, frame: pd.DataFrame, cross: pd.DataFrame) -> str
     for precision in low:
         lines.append(f"{len(lines) + 1}. What {precision} buys: {precision_gain(cfg, frame, precision)}.")
     lines.append(f"{len(lines) + 1}. What compile buys: {compile_gain(frame)}.")
+    if True in cfg.activation_checkpointing:
+        lines.append(f"{len(lines) + 1}. What activation checkpointing saves: {checkpointing_saves(frame)}.")
     lines.append(f"{len(lines) + 1}. Crossover batch: {crossover_line(cross, cfg.scaling)}.")
     lines.append(f"{len(lines) + 1}. Memory per rank: {memory_line(cfg, frame)}.")
     return "\n".join(lines)

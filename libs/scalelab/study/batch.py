@@ -53,7 +53,8 @@ NEEDS_TWO = "needs >= 2 batch sizes"
 
 
 def eager_fp32(frame: pd.DataFrame) -> pd.DataFrame:
-    return frame[(frame.status == "ok") & (frame.precision == "fp32") & ~frame["compile"].astype(bool)]
+    eager = ~frame["compile"].astype(bool) & ~frame["activation_checkpointing"].astype(bool)
+    return frame[(frame.status == "ok") & (frame.precision == "fp32") & eager]
 
 
 def best_single(frame: pd.DataFrame, batch_size: int) -> pd.Series | None:

@@ -28,6 +28,7 @@ COLUMNS = [
     "device",
     "precision",
     "compile",
+    "activation_checkpointing",
     "batch_size",
     "global_batch",
     "samples_per_s_median",
@@ -77,7 +78,10 @@ def seed_singles(frame: pd.DataFrame, batch_size: int) -> pd.DataFrame:
     """The seed baselines at one batch: measured single-process rows in fp32, eager; fewest threads first."""
     singles = measured_singles(frame)
     return singles[
-        (singles.batch_size == batch_size) & (singles.precision == "fp32") & ~singles["compile"].astype(bool)
+        (singles.batch_size == batch_size)
+        & (singles.precision == "fp32")
+        & ~singles["compile"].astype(bool)
+        & ~singles["activation_checkpointing"].astype(bool)
     ]
 
 
@@ -87,6 +91,7 @@ def reference(cfg: SpeedupConfig, frame: pd.DataFrame) -> pd.DataFrame:
         (frame.batch_size == cfg.batch_sizes[0])
         & (frame.precision == cfg.precisions[0])
         & (frame["compile"].astype(bool) == cfg.compile[0])
+        & (frame["activation_checkpointing"].astype(bool) == cfg.activation_checkpointing[0])
     )
     return frame[at]
 
@@ -121,6 +126,7 @@ def _row(cfg: SpeedupConfig, cell: Any, res: dict[str, Any]) -> dict[str, Any]:
         "device": cell.device,
         "precision": cell.precision,
         "compile": bool(cell.compile),
+        "activation_checkpointing": bool(cell.activation_checkpointing),
         "batch_size": cell.batch_size,
         "status": res["status"],
         "reason": res.get("reason", ""),
@@ -151,6 +157,7 @@ def table(cfg: SpeedupConfig, cells: list, results: dict[str, dict], link: comm_
     """One row per cell; speedups against both seed baselines at the cell's batch size."""
     frame = pd.DataFrame([_row(cfg, cell, results[cell.name]) for cell in cells]).reindex(columns=COLUMNS)
     frame["compile"] = frame["compile"].astype(bool)
+    frame["activation_checkpointing"] = frame["activation_checkpointing"].astype(bool)
     frame["noisy"] = frame["noisy"].astype(object)
     reps = repeats_of(results)
     for label, pick in (("single_t1", 0), ("single_all", -1)):

@@ -12,6 +12,7 @@ first of `batch_sizes`).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import asdict, dataclass
 
 from scalelab.config import SpeedupConfig, strategies, to_dict
@@ -25,6 +26,7 @@ REPORT_KEYS = (
     "world_sizes",
     "precisions",
     "compile",
+    "activation_checkpointing",
     "batch_sizes",
     "baseline",
     "interconnects",
@@ -45,6 +47,7 @@ class Cell:
     compile: bool = False
     batch_size: int = 4096  # per rank (weak scaling) or global (strong), as speedup.batch_sizes
     reason: str = ""  # non-empty: the cell cannot run here and is reported as skipped
+    activation_checkpointing: bool = False
 
     @property
     def skipped(self) -> bool:
@@ -67,26 +70,28 @@ def plan(cfg: SpeedupConfig, cap: Capacity) -> list[Cell]:
     device = cap.device(cfg.device)
     cells: list[Cell] = []
     for setup in _setups(cfg, cap, device):
-        for batch in cfg.batch_sizes:
-            for precision in cfg.precisions:
-                for compiled in cfg.compile:
-                    suffix = (
-                        (f"-{precision}" if precision != "fp32" else "")
-                        + ("-compiled" if compiled else "")
-                        + (f"-b{batch}" if batch != cfg.batch_sizes[0] else "")
-                    )
-                    cell = Cell(
-                        setup.name + suffix,
-                        setup.strategy,
-                        setup.world_size,
-                        setup.threads_per_process,
-                        device,
-                        setup.nodes,
-                        precision,
-                        compiled,
-                        batch,
-                    )
-                    cells.append(Cell(**{**asdict(cell), "reason": _why_not(cfg, cell, cap)}))
+        for batch, precision, compiled, ac in itertools.product(
+            cfg.batch_sizes, cfg.precisions, cfg.compile, cfg.activation_checkpointing
+        ):
+            suffix = (
+                (f"-{precision}" if precision != "fp32" else "")
+                + ("-compiled" if compiled else "")
+                + ("-ac" if ac else "")
+                + (f"-b{batch}" if batch != cfg.batch_sizes[0] else "")
+            )
+            cell = Cell(
+                setup.name + suffix,
+                setup.strategy,
+                setup.world_size,
+                setup.threads_per_process,
+                device,
+                setup.nodes,
+                precision,
+                compiled,
+                batch,
+                activation_checkpointing=ac,
+            )
+            cells.append(Cell(**{**asdict(cell), "reason": _why_not(cfg, cell, cap)}))
     return cells
 
 

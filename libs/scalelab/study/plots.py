@@ -98,6 +98,7 @@ def _workers_panels(ref: pd.DataFrame, singles: pd.DataFrame, ax1, ax2) -> None:
 def _axis_panel(cfg: SpeedupConfig, frame: pd.DataFrame, axis: str, ax) -> None:
     """Throughput of each setup at every value of one axis (the other axes at their reference)."""
     others = {"batch_size": cfg.batch_sizes[0], "precision": cfg.precisions[0], "compile": cfg.compile[0]}
+    others["activation_checkpointing"] = cfg.activation_checkpointing[0]
     others.pop(axis)
     rows = frame[frame.status == "ok"]
     for key, value in others.items():
@@ -137,7 +138,11 @@ def plot_batch(frame: pd.DataFrame, batch: pd.DataFrame, path: Path):
     batches = sorted(int(b) for b in batch.batch_size.unique()) if len(batch) else []
     tops, speeds = [], [1.0]
     singles = measured_singles(frame)
-    singles = singles[(singles.precision == "fp32") & ~singles["compile"].astype(bool)]
+    singles = singles[
+        (singles.precision == "fp32")
+        & ~singles["compile"].astype(bool)
+        & ~singles["activation_checkpointing"].astype(bool)
+    ]
     for threads, rows in singles.groupby("threads_per_process"):
         rows = rows.sort_values("batch_size")
         ax1.plot(

@@ -348,6 +348,7 @@ def log_study(
                 "scaling": cfg.scaling,
                 "precision": cell.precision,
                 "compile": cell.compile,
+                "activation_checkpointing": cell.activation_checkpointing,
                 "batch_size": cell.batch_size,
             }
         )

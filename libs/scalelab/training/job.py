@@ -228,6 +228,8 @@ def _train(
     parts = {"best": best}  # the job's stateful parts beyond the loop's (Loop.stateful)
     best_weights = outputs.BestWeights(params, manifest, ckpt)
     step = restore(state, loop, train.seed, env, parts)
+    if state:  # the run says it went on from a checkpoint (the newest resume, if several)
+        tracker.set_tags({"scalelab.resumed_from_step": step})
     tracker.replay_metrics((state or {}).get(PENDING_KEY, []))  # those the killed try may not have stored
     meter = Meter(train.untimed_steps + step, plan.global_batch)
     windows = (state or {}).get(WINDOW_KEY, [])

@@ -25,6 +25,8 @@ def open_storage(url: str) -> Any:
     from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock, JournalStorage
 
     if "://" in url:
+        if url.startswith("postgresql://"):  # SQLAlchemy 2.1's default driver is psycopg 3; the lock pins psycopg2
+            url = "postgresql+psycopg2://" + url.removeprefix("postgresql://")
         return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
     # an open(O_EXCL) lock file rather than a symlink: it works on every shared file system
     return JournalStorage(JournalFileBackend(url, lock_obj=JournalFileOpenLock(url)))
