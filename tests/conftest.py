@@ -74,9 +74,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
-    """Fails a fast-tier test that took longer than its tier allows."""
+    """Fails a fast-tier test that took longer than its tier allows, in a run of the fast tier (`-m`
+    leaves out `slow`, as `make test-fast` does). `make test` starts 4 workers at once on 2 cores,
+    where the load average lags the load: a limit there fails tests for the machine's timing."""
     report = yield
-    if call.when != "call" or not report.passed:
+    if call.when != "call" or not report.passed or "not slow" not in (item.config.option.markexpr or ""):
         return report
     markers = {m.name for m in item.iter_markers()} & TIER_MARKERS
     if markers & set(SLOW_MARKERS):

@@ -53,6 +53,7 @@ POINTS = ["serialize", "mkstemp", "write", "fsync", "replace", "prune"]
 TRIALS = {"trials": 0, "faults_injected": 0, "recovered_newest_complete": 0}
 
 
+@pytest.mark.integration  # a python process importing torch: seconds each, more under load
 @pytest.mark.xdist_group("checkpoint-faults")  # one worker counts every trial for reliability.json
 @pytest.mark.parametrize("done", [1, 2, 3, 4])
 @pytest.mark.parametrize("point", POINTS)
