@@ -120,7 +120,8 @@ def test_activation_checkpointing_lowers_the_measured_memory_per_rank_on_gpt(wor
     # 2 DDP ranks of an 8-block GPT, 16 sequences of 256 tokens each: the blocks' activations (the
     # attention scores alone are 16 MiB per block) dwarf the 1.6M parameters. What stays (the
     # embeddings' and the head's activations, one block's recompute, DDP's buckets) keeps the saving
-    # near a third here (measured in one process: 339 -> 230 MiB)
+    # near a third in one process (339 -> 230 MiB); on 2 DDP ranks 381 -> 307 MiB quiet, 409 -> 358
+    # MiB under CI's load (resident-size peaks move with the allocator): checked at 5% or more
     out, frame = study(
         workdir, workload="gpt", model=GPT, strategies=["ddp"], world_sizes=[2], batch_sizes=[16],
         precisions=["fp32"], compile=[False], activation_checkpointing=[False, True],
@@ -128,7 +129,7 @@ def test_activation_checkpointing_lowers_the_measured_memory_per_rank_on_gpt(wor
     assert list(frame.index) == ["ddp-w2", "ddp-w2-ac"] and (frame.status == "ok").all(), frame.reason.to_dict()
     on, off = (float(frame.loc[n, "peak_mem_bytes_per_rank"]) for n in ("ddp-w2-ac", "ddp-w2"))
     print(f"peak memory per rank: {off / 2**20:.1f} MiB without, {on / 2**20:.1f} MiB with checkpointing")
-    assert on < 0.85 * off, (on, off)
+    assert on < 0.95 * off, (on, off)
     assert float(frame.loc["ddp-w2-ac", "param_bytes_per_rank"]) == float(frame.loc["ddp-w2", "param_bytes_per_rank"])
     answers = (out / "speedup.md").read_text().split("## Answers")[1]
     assert "What activation checkpointing saves: `ddp-w2-ac` peak" in answers, answers
