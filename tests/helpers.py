@@ -105,18 +105,27 @@ def train_here(params: Any, data_dir: Path, out: Path, stop: Any = None) -> dict
 
 
 def wait_for(
-    predicate: Any, timeout_s: float, what: str, proc: subprocess.Popen | None = None, poll_s: float = 0.05
+    predicate: Any,
+    timeout_s: float,
+    what: str,
+    proc: subprocess.Popen | None = None,
+    poll_s: float = 0.05,
+    log: str | Path | None = None,
 ) -> Any:
     """Polls `predicate` every `poll_s` and returns its first truthy value; fails naming `what` after
-    `timeout_s`, or at once when `proc` (if given) has ended first."""
+    `timeout_s`, or at once when `proc` (if given) has ended first. A failure ends with the last
+    3000 characters of `log` (the process's stderr file, say), so CI's report says why."""
     import time
+
+    def tail() -> str:
+        return f"\n{log}:\n{Path(log).read_text()[-3000:]}" if log is not None and Path(log).is_file() else ""
 
     deadline = time.monotonic() + timeout_s
     while not (got := predicate()):
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"{proc.args[:3]} exited {proc.returncode} before {what}")
+            raise AssertionError(f"{proc.args[:3]} exited {proc.returncode} before {what}{tail()}")
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}{tail()}")
         time.sleep(poll_s)
     return got
 

@@ -159,8 +159,10 @@ def test_scancel_of_a_train_job_says_cancelled_and_closes_the_run(workdir, prepa
         proc = launch_train(workdir, prepared_digits, env, stdout=out, stderr=err)
     job_id = None
     try:
-        job_id = wait_for(lambda: json_key(workdir / "out/slurm.json", "job_id"), 180, "a job id", proc)
-        run_id = wait_for(lambda: json_key(workdir / "out/checkpoints/job.json", "run_id"), 180, "an MLflow run", proc)
+        job_id = wait_for(lambda: json_key(workdir / "out/slurm.json", "job_id"), 180, "a job id", proc, log=err.name)
+        run_id = wait_for(
+            lambda: json_key(workdir / "out/checkpoints/job.json", "run_id"), 180, "an MLflow run", proc, log=err.name
+        )
         squeue = ["squeue", "-h", "-j", job_id, "-o", "%T"]
         state = subprocess.run(squeue, env=env, capture_output=True, text=True).stdout.strip()
         assert state == "RUNNING", state
@@ -213,14 +215,16 @@ def test_speedup_study_cells_run_as_slurm_jobs_across_two_nodes(workdir, slurm_c
 
 
 def test_a_job_past_its_time_limit_ends_its_run_killed_not_running(workdir, prepared_digits, slurm_cluster):
-    # What happens here: USR2 comes ~30 s in (signal_delay_s before the 1 min limit); every rank
-    # stops at a step boundary and checkpoints; submitit finds the job timed out with no requeue left
-    # (max_timeouts 0), so rank 0 raises; rank 1 waits; slurmctld ends the job at its next time-limit
-    # check (60-90 s in). ~95k steps of work (minutes) cannot finish before that.
+    # What happens here: slurmctld checks time limits every 30 s, so USR2 (signal_delay_s 30 before
+    # the 2 min limit) comes 90-120 s in, always one check before the job is ended (120-150 s in).
+    # Every rank stops at a step boundary and checkpoints; submitit finds the job timed out with no
+    # requeue left (max_timeouts 0), so rank 0 raises; rank 1 waits; slurmctld ends the job. The job
+    # has 90 s to start and open its run first: CI once took over 30 s with a 1 min limit (the
+    # signal came before the run, and the test could not check it). ~380k steps cannot finish.
     profile = yaml.safe_load((BIN.parents[1] / "slurm/profiles/local.yaml").read_text())
     (workdir / "slurm/profiles").mkdir(parents=True)
-    write_params(workdir / "slurm/profiles/short.yaml", {**profile, "time_limit_min": 1, "signal_delay_s": 30})
-    train = {"epochs": 5000, "checkpoint_every_steps": 1000, **TWO_NODES}  # est. 20 s a checkpoint < 60 - 30 s
+    write_params(workdir / "slurm/profiles/short.yaml", {**profile, "time_limit_min": 2, "signal_delay_s": 30})
+    train = {"epochs": 20000, "checkpoint_every_steps": 1000, **TWO_NODES}  # est. 20 s a checkpoint < 120 - 30 s
     slurm = {"profile": "short", "max_timeouts": 0, "est_step_time_s": 0.02, "poll_interval_s": 0.5}
     write_params(workdir / "params.yaml", tiny_params(train=train, slurm=slurm))
     env = {**os.environ, **slurm_cluster, "PATH": f"{BIN}:{os.environ['PATH']}"}
@@ -228,8 +232,10 @@ def test_a_job_past_its_time_limit_ends_its_run_killed_not_running(workdir, prep
         proc = launch_train(workdir, prepared_digits, env, stdout=out, stderr=err)
     job_id = None
     try:
-        job_id = wait_for(lambda: json_key(workdir / "out/slurm.json", "job_id"), 180, "a job id", proc)
-        run_id = wait_for(lambda: json_key(workdir / "out/checkpoints/job.json", "run_id"), 180, "an MLflow run", proc)
+        job_id = wait_for(lambda: json_key(workdir / "out/slurm.json", "job_id"), 180, "a job id", proc, log=err.name)
+        run_id = wait_for(
+            lambda: json_key(workdir / "out/checkpoints/job.json", "run_id"), 180, "an MLflow run", proc, log=err.name
+        )
         proc.wait(timeout=300)
     finally:
         if proc.poll() is None:  # a failed assertion: leave no job behind
@@ -237,7 +243,7 @@ def test_a_job_past_its_time_limit_ends_its_run_killed_not_running(workdir, prep
             if job_id:
                 subprocess.run(["scancel", job_id], env=env)
     said = the_error_line(workdir / "train.err", proc)
-    assert f"SLURM job {job_id} hit its 1 min time limit" in said and "slurm.max_timeouts = 0" in said, said
+    assert f"SLURM job {job_id} hit its 2 min time limit" in said and "slurm.max_timeouts = 0" in said, said
     assert sacct_states(job_id, env, "TIMEOUT")[job_id][0] == "TIMEOUT"
     history = subprocess.run(
         ["sacct", "-D", "-j", job_id, "-X", "-n", "-P", "-o", "JobID,State"], env=env, capture_output=True, text=True
