@@ -130,6 +130,15 @@ def wait_for(
     return got
 
 
+def slurm_queued(job_ids: list[str], env: dict[str, str]) -> bool:
+    """Whether any of the SLURM jobs (or array elements) is still pending, running or completing:
+    one `squeue`, far cheaper than a `scalelab sweep collect` (an MLflow client) at each poll."""
+    out = subprocess.run(
+        ["squeue", "-h", "-j", ",".join(job_ids), "-o", "%i"], env={**os.environ, **env}, capture_output=True, text=True
+    )
+    return bool(out.stdout.strip()) or out.returncode != 0  # an error (a busy slurmctld): ask again
+
+
 def free_port() -> int:
     """A TCP port that nothing listens on at 127.0.0.1 right now."""
     import socket

@@ -85,7 +85,7 @@ def test_queued_and_temp_experiments_keep_their_runs_and_measure_no_cell(repo):
     run_cli("dvc", "exp", "run", "--queue", "-S", "train.lr=0.002", "-n", "lr2", cwd=repo)
     run_cli("dvc", "exp", "run", "--queue", "-S", "train.lr=0.004", "-n", "lr4", cwd=repo)
     run_cli("dvc", "queue", "start", "-j", "2", cwd=repo)
-    wait_for(lambda: "Queued" not in queue_states(repo) and "Running" not in queue_states(repo), 600, "the queue")
+    wait_for(lambda: not {"Queued", "Running"} & set(queue_states(repo)), 600, "the queue", poll_s=QUEUE_POLL_S)
     assert queue_states(repo) == ["Success", "Success"], run_cli("dvc", "queue", "status", cwd=repo).stdout
     run_cli("dvc", "exp", "run", "--temp", "-S", "train.epochs=3", "-n", "three", cwd=repo, timeout=600)
 
@@ -106,9 +106,20 @@ def test_queued_and_temp_experiments_keep_their_runs_and_measure_no_cell(repo):
     base_speedup = json.loads((repo / "results/speedup/speedup.json").read_text())["ddp_speedup"]
     for name in ("lr2", "lr4"):
         assert exps[name]["metrics"]["results/speedup/speedup.json"]["data"]["ddp_speedup"] == base_speedup
+    # each experiment's own params and metrics, as `dvc exp show` and `dvc metrics diff` read them
+    assert exps["lr2"]["params"]["params.yaml"]["data"]["train"]["lr"] == 0.002
+    accuracy = exps["lr2"]["metrics"]["results/eval/metrics.json"]["data"]["test_accuracy"]
+    assert 0.0 < accuracy <= 1.0, exps["lr2"]["metrics"]
+    diff = json.loads(run_cli("dvc", "metrics", "diff", "HEAD", "lr2", "--all", "--json", cwd=repo).stdout)
+    assert diff["results/eval/metrics.json"]["test_accuracy"]["new"] == accuracy
 
     run_cli("dvc", "exp", "apply", "lr2", cwd=repo)  # the run id travels with the experiment's outputs
     assert json.loads((repo / "results/train/run.json").read_text())["run_id"] == runs["lr2"].info.run_id
+
+
+# each look at the queue is a `dvc` process (~1 s of CPU): polled back to back, they took as much
+# CPU as the experiments they waited for
+QUEUE_POLL_S = 3.0
 
 
 def queue_states(repo: Path) -> list[str]:
@@ -128,7 +139,7 @@ def test_a_queued_experiment_runs_the_code_it_was_queued_with(repo):
     run_cli("dvc", "exp", "run", "--queue", "-n", "tanh", cwd=repo)
     mlp.write_text(original)  # the workspace goes back before the queue starts
     run_cli("dvc", "queue", "start", "-j", "1", cwd=repo)
-    wait_for(lambda: queue_states(repo) in (["Success"], ["Failed"]), 600, "the queue")
+    wait_for(lambda: queue_states(repo) in (["Success"], ["Failed"]), 600, "the queue", poll_s=QUEUE_POLL_S)
     assert queue_states(repo) == ["Success"]
     edited = next(r for r in train_runs(repo) if r.data.tags.get("dvc.exp_name") == "tanh")
     # same params and seed: only the edited model makes other weights (training is bitwise on CPU)

@@ -5,13 +5,12 @@ tests/tracking/test_provenance.py; a test that reruns stages works on a copy of 
 
 import json
 import shutil
-import subprocess
 
 import pytest
 import yaml
 from mlflow import MlflowClient
 
-from helpers import run_cli, training_pipeline, write_params
+from helpers import run_cli, write_params
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -64,24 +63,3 @@ def test_dvc_reruns_nothing_then_only_the_stages_a_param_change_reaches(trained_
     assert "Running stage 'train'" in out and "Running stage 'evaluate'" in out
     assert "Running stage 'prepare'" not in out
     assert json.loads((repo / "results/train/metrics.json").read_text())["steps"] > 0
-
-
-def test_dvc_exp_show_and_metrics_diff_read_each_experiments_metrics(repo_copy):
-    params = yaml.safe_load((repo_copy / "params.yaml").read_text())
-    params["train"].update(epochs=2, model={"hidden": [32], "dropout": 0.0})
-    training_pipeline(repo_copy, params, commit=True)
-    run_cli("dvc", "repro", cwd=repo_copy)
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@e"]
-    subprocess.run(["git", "add", "dvc.lock"], cwd=repo_copy, check=True)
-    subprocess.run([*git, "commit", "-qam", "baseline results"], cwd=repo_copy, check=True)
-    out = run_cli("dvc", "exp", "run", "-S", "train.lr=0.01", "--name", "lr01", cwd=repo_copy).stdout
-    assert "Running stage 'train'" in out
-
-    rows = json.loads(run_cli("dvc", "exp", "show", "--json", cwd=repo_copy).stdout)
-    exps = {e["name"]: e["revs"][0]["data"] for row in rows for e in (row.get("experiments") or [])}
-    exp = exps["lr01"]
-    assert exp["params"]["params.yaml"]["data"]["train"]["lr"] == 0.01
-    accuracy = exp["metrics"]["results/eval/metrics.json"]["data"]["test_accuracy"]
-    assert 0.0 < accuracy <= 1.0, exp["metrics"]
-    diff = json.loads(run_cli("dvc", "metrics", "diff", "HEAD", "lr01", "--json", cwd=repo_copy).stdout)
-    assert diff["results/eval/metrics.json"]["test_accuracy"]["new"] == accuracy

@@ -122,7 +122,7 @@ def test_changing_one_cell_reruns_only_that_cell(workdir):
 
 def test_dvc_repro_speedup_and_plots(repo_copy):
     params = yaml.safe_load((repo_copy / "params.yaml").read_text())
-    params["speedup"].update(TINY)
+    params["speedup"].update(TINY, strategies=["single", "ddp"])  # fsdp's cells: test_study_outputs_and_mlflow
     write_params(repo_copy / "params.yaml", params)
     run_cli("dvc", "repro", "speedup", cwd=repo_copy)
     assert "ddp_efficiency" in run_cli("dvc", "metrics", "show", cwd=repo_copy).stdout

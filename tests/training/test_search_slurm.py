@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
-from helpers import BIN, run_cli, tiny_params, write_params
+from helpers import BIN, run_cli, slurm_queued, tiny_params, wait_for, write_params
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration, pytest.mark.slow]
 ONE_TASK = {"launcher": "slurm", "num_nodes": 1, "nproc_per_node": 1, "optimizer": "sgd"}
@@ -31,11 +31,14 @@ def submit(workdir, data, env, name, *args):
     return json.loads((workdir / "results/sweeps" / name / "manifest.json").read_text())
 
 
-def collect_until_done(workdir, env, name, timeout_s=600):
-    """`sweep collect` until the parent run is finished (the budget spent); the last summary."""
+def collect_until_done(workdir, env, name, timeout_s=600, jobs=()):
+    """`sweep collect` until the parent run is finished (the budget spent); the last summary. With
+    `jobs`, the first collect waits until they have all left the queue."""
     client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
     parent = json.loads((workdir / "results/sweeps" / name / "manifest.json").read_text())["parent_run_id"]
     deadline = time.time() + timeout_s
+    if jobs:
+        wait_for(lambda: not slurm_queued(list(jobs), env), timeout_s, "the workers to end", poll_s=2)
     while client.get_run(parent).info.status != "FINISHED":
         assert time.time() < deadline, (workdir / "results/sweeps" / name / "summary.csv").read_text()
         run_cli("sweep", "collect", "--name", name, cwd=workdir, env=env)
@@ -56,7 +59,8 @@ def test_tpe_with_median_pruning_on_a_job_array(workdir, prepared_digits, slurm_
     assert time.time() - started < 60  # returns at once
     assert len({e["job_id"].split("_")[0] for e in manifest["elements"]}) == 1 and len(manifest["elements"]) == 2
 
-    summary, client, parent = collect_until_done(workdir, slurm_cluster, "tpe")
+    jobs = [e["job_id"] for e in manifest["elements"]]
+    summary, client, parent = collect_until_done(workdir, slurm_cluster, "tpe", jobs=jobs)
     print(summary.to_string())  # shown with `pytest -rP`
     assert len(summary) == 8 and sorted(summary.trial) == list(range(8)), summary.to_string()
     assert set(summary.state) <= {"finished", "pruned", "failed"}

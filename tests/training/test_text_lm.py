@@ -68,11 +68,11 @@ def test_stop_mid_epoch_then_resume_on_text_is_bitwise_identical(workdir):
 @pytest.mark.slow
 @pytest.mark.integration
 def test_gpt_learns_the_standard_library_through_dvc_repro_and_reproduce_matches(repo_copy):
-    files = copy_stdlib(repo_copy / "data/raw/stdlib", "[m-s]*.py")  # 62 files, 1.6 MB on 3.11
+    files = copy_stdlib(repo_copy / "data/raw/stdlib", "[m-p]*.py")  # 30 files, 0.97 MB on 3.11
     assert sum(p.stat().st_size for p in files) > 500_000
     params = tiny_params(
         data={"source": "text", "text": {"path": "data/raw/stdlib", "pattern": "*.py"}},
-        train={"workload": "gpt", "model": GPT, "epochs": 1, "batch_size": 32, "lr": 3e-3, "log_every_steps": 10},
+        train={"workload": "gpt", "model": GPT, "epochs": 1, "batch_size": 16, "lr": 3e-3, "log_every_steps": 10},
         tracking={"system_metrics_interval_s": 0},
     )
     training_pipeline(repo_copy, params, commit=True)  # prepare -> train (ddp, 2 ranks) -> evaluate
