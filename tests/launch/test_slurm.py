@@ -1,11 +1,14 @@
 """Training on the real local SLURM cluster (slurm/local/): 2 nodes x 1 task, gloo, via submitit."""
 
+import contextlib
 import json
 import os
 import re
 import subprocess
 import time
+from datetime import datetime
 
+import psutil
 import pytest
 import torch
 import yaml
@@ -214,13 +217,44 @@ def test_speedup_study_cells_run_as_slurm_jobs_across_two_nodes(workdir, slurm_c
     assert state == "COMPLETED" and nodes == "n[1-2]", (ddp_job, state, nodes)
 
 
+def job_start(job_id: str, env: dict) -> float:
+    """When SLURM started the job (its time limit counts from then), as a Unix time."""
+    squeue = ["squeue", "-h", "-j", job_id, "-o", "%S"]
+    out = subprocess.run(squeue, env=env, capture_output=True, text=True, check=True).stdout
+    return datetime.fromisoformat(out.strip()).timestamp()  # local time, as SLURM prints it
+
+
+def job_tasks(workdir) -> list[psutil.Process]:
+    """The job's task processes (submitit's, one per rank, started by slurmd) and their children."""
+    tasks = [
+        p for p in psutil.process_iter(["cmdline"])
+        if "submitit.core._submit" in (p.info["cmdline"] or []) and str(workdir) in " ".join(p.info["cmdline"])
+    ]  # fmt: skip
+    assert tasks, f"no task process of the job in {workdir}"
+    return [q for p in tasks for q in (p, *p.children(recursive=True))]
+
+
+def pause_until(procs: list[psutil.Process], until: float) -> None:
+    """SIGSTOPs `procs` until the Unix time `until` (a job waiting for SLURM's clock need not burn
+    two cores meanwhile), then SIGCONTs them."""
+    try:
+        for p in procs:
+            p.suspend()
+        time.sleep(max(0.0, until - time.time()))
+    finally:
+        for p in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.resume()
+
+
 def test_a_job_past_its_time_limit_ends_its_run_killed_not_running(workdir, prepared_digits, slurm_cluster):
     # What happens here: slurmctld checks time limits every 30 s, so USR2 (signal_delay_s 30 before
     # the 2 min limit) comes 90-120 s in, always one check before the job is ended (120-150 s in).
     # Every rank stops at a step boundary and checkpoints; submitit finds the job timed out with no
     # requeue left (max_timeouts 0), so rank 0 raises; rank 1 waits; slurmctld ends the job. The job
     # has 90 s to start and open its run first: CI once took over 30 s with a 1 min limit (the
-    # signal came before the run, and the test could not check it). ~380k steps cannot finish.
+    # signal came before the run, and the test could not check it). Once it has a checkpoint, its
+    # processes are paused until 80 s in, so the wait costs no CPU. ~380k steps cannot finish.
     profile = yaml.safe_load((BIN.parents[1] / "slurm/profiles/local.yaml").read_text())
     (workdir / "slurm/profiles").mkdir(parents=True)
     write_params(workdir / "slurm/profiles/short.yaml", {**profile, "time_limit_min": 2, "signal_delay_s": 30})
@@ -236,6 +270,8 @@ def test_a_job_past_its_time_limit_ends_its_run_killed_not_running(workdir, prep
         run_id = wait_for(
             lambda: json_key(workdir / "out/checkpoints/job.json", "run_id"), 180, "an MLflow run", proc, log=err.name
         )
+        wait_for(lambda: list((workdir / "out/checkpoints").glob("step-*")), 180, "a first checkpoint", proc)
+        pause_until(job_tasks(workdir), job_start(job_id, env) + 80)  # idle, not spinning, until the signal nears
         proc.wait(timeout=300)
     finally:
         if proc.poll() is None:  # a failed assertion: leave no job behind
