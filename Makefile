@@ -27,7 +27,7 @@ repro: setup
 # a test without a marker that takes over 5 s fails there. Both run on pytest-xdist workers (tests of
 # one service share a worker: --dist loadgroup); PYTEST_ARGS adds options (a path, -k, a seed).
 FAST_TIER    := not slow and not slurm and not browser and not postgres and not gpu
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 5
 FAST_WORKERS ?= 2
 PYTEST_ARGS  ?=
 
