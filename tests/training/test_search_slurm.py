@@ -85,7 +85,9 @@ def test_tpe_with_median_pruning_on_a_job_array(workdir, prepared_digits, slurm_
 
 
 def test_a_cancelled_worker_loses_its_trial_and_a_preempted_one_resumes_it(workdir, prepared_digits, slurm_cluster):
-    # trials of ~5,900 steps (~7 s, more under load): each worker is signalled inside its first trial
+    # trials of ~5,900 steps (~7 s, more under load): each worker is signalled inside its first trial.
+    # The test watches from the moment the array exists (its ids in the manifest), not from the end
+    # of `sweep submit`: under CI's load that command once exited after every trial had ended
     train = {**ONE_TASK, "epochs": 150, "checkpoint_every_steps": 50, "log_every_steps": 50}
     write_params(
         workdir / "params.yaml",
@@ -96,12 +98,19 @@ def test_a_cancelled_worker_loses_its_trial_and_a_preempted_one_resumes_it(workd
         ),
     )
     env = {**os.environ, **slurm_cluster}
-    manifest = submit(
-        workdir, prepared_digits, slurm_cluster, "cx", "--method", "random", "--trials", "3", "--parallel", "2",
-        "-S", "train.lr=loguniform(0.01,0.1)",
+    (workdir / "slurm").symlink_to(BIN.parents[1] / "slurm")  # the cluster profiles
+    args = ["sweep", "submit", "--name", "cx", "--data", str(prepared_digits), "--method", "random", "--trials", "3"]
+    submitting = subprocess.Popen(
+        [str(BIN / "scalelab"), *args, "--parallel", "2", "-S", "train.lr=loguniform(0.01,0.1)"],
+        cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     folder = workdir / "results/sweeps/cx"
-    jobs = [e["job_id"] for e in manifest["elements"]]
+
+    def array_ids():  # the manifest is saved again, with the array's ids, as soon as sbatch returns
+        manifest = folder / "manifest.json"
+        return manifest.is_file() and [e["job_id"] for e in json.loads(manifest.read_text())["elements"]]
+
+    jobs = wait_for(array_ids, 120, "the job array's ids in the manifest")
 
     def first_trial(worker):  # the trial the worker claimed first, once it has a checkpoint
         claim = folder / "workers" / f"{worker:03d}" / "claim-000.json"
@@ -124,9 +133,13 @@ def test_a_cancelled_worker_loses_its_trial_and_a_preempted_one_resumes_it(workd
             assert time.monotonic() < deadline, f"no first checkpoint of a worker: {sorted(signalled)} signalled"
             time.sleep(0.1)
         preempted, cancelled = signalled[0], signalled[1]
+        out, err = submitting.communicate(timeout=120)
+        assert submitting.returncode == 0 and "submitted search 'cx'" in out, out + err[-3000:]
         summary, client, parent = collect_until_done(workdir, slurm_cluster, "cx")
     finally:
         subprocess.run(["scancel", *jobs], env=env)
+        if submitting.poll() is None:
+            submitting.kill()
     rows = summary.set_index("trial")
     print(summary.to_string())  # shown with `pytest -rP`
     # the trial the cancelled worker was running (its first, unless the signal came late) is lost,
