@@ -24,10 +24,21 @@ def study_of(folder):
     return optuna.load_study(study_name=folder.name, storage=open_storage(str(folder / "optuna.journal")))
 
 
+def start_submit(workdir, data, env, name, *args) -> subprocess.Popen:
+    """`scalelab sweep submit` in the background (its output in pipes), with the cluster profiles."""
+    (workdir / "slurm").symlink_to(BIN.parents[1] / "slurm")
+    cmd = [str(BIN / "scalelab"), "sweep", "submit", "--name", name, "--data", str(data), *args]
+    full_env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", **env}
+    return subprocess.Popen(cmd, cwd=workdir, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def submitted(proc: subprocess.Popen, name: str) -> None:
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and f"submitted search {name!r}" in out, out + err[-3000:]
+
+
 def submit(workdir, data, env, name, *args):
-    (workdir / "slurm").symlink_to(BIN.parents[1] / "slurm")  # the cluster profiles
-    out = run_cli("sweep", "submit", "--name", name, "--data", str(data), *args, cwd=workdir, env=env).stdout
-    assert f"submitted search {name!r}" in out, out
+    submitted(start_submit(workdir, data, env, name, *args), name)
     return json.loads((workdir / "results/sweeps" / name / "manifest.json").read_text())
 
 
@@ -98,11 +109,9 @@ def test_a_cancelled_worker_loses_its_trial_and_a_preempted_one_resumes_it(workd
         ),
     )
     env = {**os.environ, **slurm_cluster}
-    (workdir / "slurm").symlink_to(BIN.parents[1] / "slurm")  # the cluster profiles
-    args = ["sweep", "submit", "--name", "cx", "--data", str(prepared_digits), "--method", "random", "--trials", "3"]
-    submitting = subprocess.Popen(
-        [str(BIN / "scalelab"), *args, "--parallel", "2", "-S", "train.lr=loguniform(0.01,0.1)"],
-        cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    submitting = start_submit(
+        workdir, prepared_digits, slurm_cluster, "cx", "--method", "random", "--trials", "3", "--parallel", "2",
+        "-S", "train.lr=loguniform(0.01,0.1)",
     )  # fmt: skip
     folder = workdir / "results/sweeps/cx"
 
@@ -133,8 +142,7 @@ def test_a_cancelled_worker_loses_its_trial_and_a_preempted_one_resumes_it(workd
             assert time.monotonic() < deadline, f"no first checkpoint of a worker: {sorted(signalled)} signalled"
             time.sleep(0.1)
         preempted, cancelled = signalled[0], signalled[1]
-        out, err = submitting.communicate(timeout=120)
-        assert submitting.returncode == 0 and "submitted search 'cx'" in out, out + err[-3000:]
+        submitted(submitting, "cx")
         summary, client, parent = collect_until_done(workdir, slurm_cluster, "cx")
     finally:
         subprocess.run(["scancel", *jobs], env=env)
