@@ -41,9 +41,8 @@ def measure(
 ) -> dict[str, Any]:
     """Runs the ranks under torchrun; returns the figures (rank 0's times, s)."""
     spec = {"steps": steps, "repeats": repeats, "batch": batch, "hidden": hidden, "every": every}
-    ranks = {"nproc": procs, "threads_per_process": 1, "timeout_s": max(300.0, 0.1 * steps * repeats)}
-    try:
-        raw = run_ranks(["bench-worker", "stopflag"], spec, work, "stop", **ranks)
+    try:  # a hung peer fails the ranks' collectives (their timeout), and so the benchmark
+        raw = run_ranks(["bench-worker", "stopflag"], spec, work, "stop", nproc=procs, threads_per_process=1)
     except LaunchError as exc:
         raise LaunchError(f"stop-flag ranks: {exc}") from exc
     med = {arm: [stats.median(rep) for rep in reps] for arm, reps in raw["times"].items()}

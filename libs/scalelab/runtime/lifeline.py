@@ -1,5 +1,7 @@
 """A rank never outlives its launcher: a torchrun worker whose torchrun is gone stops itself.
 
+("torchrun" here is torchrun's elastic agent, which runs inside the launcher: launch.local.run_agent.)
+
 torchrun starts each worker in a session of its own, so a signal to the launcher's process group
 (a CI timeout, `kill -9 -- -PGID` on `dvc repro`, the OOM killer) does not reach the ranks. Left
 alone they would train on with no launcher holding the output folder's lock (runtime.lock),
