@@ -1,6 +1,7 @@
 """Crash-safe checkpoints: the writer is SIGKILLed at enumerated points inside a save, and loading
 always returns the newest complete checkpoint. One job per output folder: a second one fails at once."""
 
+import json
 import os
 import signal
 import subprocess
@@ -52,18 +53,58 @@ ckpt.save(done + 1, state(done + 1))
 POINTS = ["serialize", "mkstemp", "write", "fsync", "replace", "prune"]
 TRIALS = {"trials": 0, "faults_injected": 0, "recovered_newest_complete": 0}
 
+# Each trial is a process of its own, forked from this one, which has imported torch and the
+# checkpoint modules once (the trials would otherwise each spend ~1.5 s of CPU importing them).
+# It reads one trial per line (script, args, stderr file) and answers the trial's exit status.
+ZYGOTE = r"""
+import json, os, sys, traceback
+import torch, torch.distributed.checkpoint.filesystem, scalelab.training.checkpoint  # noqa: F401
+for line in sys.stdin:
+    script, args, stderr = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        os.dup2(os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
+        sys.argv = ["-c", *args]
+        code = 0  # a trial that did not die where it should exits 0, or 1 with its traceback
+        try:
+            exec(compile(script, "<trial>", "exec"), {"__name__": "__main__"})
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        sys.stderr.flush()
+        os._exit(code)
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def zygote():
+    proc = subprocess.Popen([sys.executable, "-c", ZYGOTE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    yield proc
+    proc.stdin.close()
+    proc.wait(timeout=60)
+
+
+def trial(zygote, script: str, folder, point: str, done: int) -> tuple[int, str]:
+    """Runs one trial in a fresh process forked by the zygote; returns its exit status and stderr."""
+    stderr = folder.parent / f"{folder.name}.stderr"
+    zygote.stdin.write(json.dumps([script, [str(folder), point, str(done)], str(stderr)]) + "\n")
+    zygote.stdin.flush()
+    return int(zygote.stdout.readline()), stderr.read_text(errors="replace")
+
 
 @pytest.mark.integration  # a python process importing torch: seconds each, more under load
 @pytest.mark.xdist_group("checkpoint-faults")  # one worker counts every trial for reliability.json
 @pytest.mark.parametrize("done", [1, 2, 3, 4])
 @pytest.mark.parametrize("point", POINTS)
-def test_a_save_killed_anywhere_leaves_the_newest_complete_checkpoint(tmp_path, point, done):
+def test_a_save_killed_anywhere_leaves_the_newest_complete_checkpoint(tmp_path, zygote, point, done):
     done += point == "prune"  # keep=2: the first save that prunes is the third
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), point, str(done)], capture_output=True)
+    folder = tmp_path / "ckpt"
+    code, stderr = trial(zygote, CHILD, folder, point, done)
     TRIALS["trials"] += 1
-    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    assert code == -signal.SIGKILL, stderr[-2000:]
     TRIALS["faults_injected"] += 1
-    state = Checkpointer(tmp_path, "fp", keep=2).load_latest()
+    state = Checkpointer(folder, "fp", keep=2).load_latest()
     newest = done + 1 if point == "prune" else done  # past os.replace the new one is complete
     assert state is not None and state["step"] == newest and bool((state["w"] == newest).all())
     TRIALS["recovered_newest_complete"] += 1
@@ -112,15 +153,16 @@ SHARDED_POINTS = ["serialize", "shard", "metadata", "extra", "rename", "prune"]
 @pytest.mark.xdist_group("checkpoint-faults")
 @pytest.mark.parametrize("done", [1, 3])
 @pytest.mark.parametrize("point", SHARDED_POINTS)
-def test_a_sharded_save_killed_anywhere_leaves_the_newest_complete_checkpoint(tmp_path, point, done):
+def test_a_sharded_save_killed_anywhere_leaves_the_newest_complete_checkpoint(tmp_path, zygote, point, done):
     from scalelab.training.checkpoint import read_shards
 
     done += point == "prune"
-    proc = subprocess.run([sys.executable, "-c", SHARDED_CHILD, str(tmp_path), point, str(done)], capture_output=True)
+    folder = tmp_path / "ckpt"
+    code, stderr = trial(zygote, SHARDED_CHILD, folder, point, done)
     TRIALS["trials"] += 1
-    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    assert code == -signal.SIGKILL, stderr[-2000:]
     TRIALS["faults_injected"] += 1
-    state = Checkpointer(tmp_path, "fp", keep=2).load_latest()
+    state = Checkpointer(folder, "fp", keep=2).load_latest()
     newest = done + 1 if point == "prune" else done  # past the rename the new one is complete
     assert state is not None and state["step"] == newest and state["shards"].endswith(f"step-{newest:08d}.dcp")
     target = {"model": {"w": torch.zeros(256, 256)}}
