@@ -62,7 +62,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Groups the tests of one service on one xdist worker; marks the benchmarks' tests `slow`."""
+    """Groups the tests of one service on one xdist worker; marks the benchmarks' tests `slow`; puts
+    the costly tests first."""
     for item in items:
         path = Path(str(item.path))
         if path.parent == BENCH_TESTS and path.name not in BENCH_FAST:
@@ -70,6 +71,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for marker, group in GROUPS.items():
             if item.get_closest_marker(marker) and not item.get_closest_marker("xdist_group"):
                 item.add_marker(pytest.mark.xdist_group(group))
+    # xdist hands tests out in this order (after the groups, which --dist loadgroup sends first):
+    # longest first, so that the run ends on short tests spread over every worker rather than on
+    # one worker finishing a long test alone. (make test-fast shuffles the order after this.)
+    items.sort(key=cost_rank)
+
+
+def cost_rank(item: pytest.Item) -> int:
+    """0 for `slow` tests, 1 for tests that start processes, 2 for the rest."""
+    if item.get_closest_marker("slow"):
+        return 0
+    return 1 if item.get_closest_marker("integration") or item.get_closest_marker("distributed") else 2
 
 
 @pytest.hookimpl(wrapper=True)
