@@ -1,6 +1,7 @@
 """Crash-safe checkpoints: the writer is SIGKILLed at enumerated points inside a save, and loading
 always returns the newest complete checkpoint. One job per output folder: a second one fails at once."""
 
+import contextlib
 import json
 import os
 import signal
@@ -8,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 import torch
 
@@ -189,8 +191,19 @@ def test_a_second_job_on_the_same_folder_fails_at_once_and_deletes_nothing(workd
     while not list((workdir / "out/checkpoints").glob("step-*")):
         assert first.poll() is None and time.time() < deadline, first.communicate()[1][-3000:]
         time.sleep(0.2)
-    before = sorted(p.name for p in (workdir / "out").rglob("*") if p.is_file())
-    second = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=120)
+    # the first job's ranks are paused, so that under any load the job is still running when the
+    # second one looks (its launcher, which holds the folder's lock, keeps running)
+    ranks = psutil.Process(first.pid).children(recursive=True)
+    for rank in ranks:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            rank.suspend()
+    try:
+        before = sorted(p.name for p in (workdir / "out").rglob("*") if p.is_file())
+        second = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        for rank in ranks:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                rank.resume()
     assert second.returncode == 2, second.stderr
     line = second.stderr.strip().splitlines()[-1]
     assert f"{workdir / 'out'}" in line or "out is in use by another job" in line, line

@@ -37,7 +37,6 @@ def test_sweep_of_four_with_one_failing_element(workdir, prepared_digits, slurm_
     )
     assert refused.returncode == 2 and "train.batch_size = 5000 is too large" in refused.stderr, refused.stderr
     assert not (workdir / "results/sweeps/big/manifest.json").exists()
-    started = time.time()
     # lr 1e20 (sgd) passes validation but diverges: that element fails at its first logging window
     out = run_cli(
         "sweep",
@@ -51,12 +50,13 @@ def test_sweep_of_four_with_one_failing_element(workdir, prepared_digits, slurm_
         cwd=workdir,
         env=slurm_cluster,
     ).stdout
-    submit_s = time.time() - started
     assert "submitted sweep 'lr': 4 elements as job array" in out
     manifest = json.loads((workdir / "results/sweeps/lr/manifest.json").read_text())
     [array] = {e["job_id"].split("_")[0] for e in manifest["elements"]}  # one array
+    # submit returned while the array was still queued or running: it does not wait for the jobs
+    # (an event, not a time limit: under load the submit itself may take a minute)
+    assert slurm_queued([array], slurm_cluster)
     assert not all((workdir / "results/sweeps/lr" / f"{i:03d}" / "run.json").exists() for i in range(4))
-    assert submit_s < 60, f"submit blocked for {submit_s:.0f} s"
 
     wait_for(lambda: not slurm_queued([array], slurm_cluster), 600, "the array to end", poll_s=2)
     for _ in range(30):  # one collect, unless SLURM's accounting lags behind the queue for a moment
