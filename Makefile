@@ -12,11 +12,18 @@ PORT ?= 5000
 
 setup: $(STAMP)
 
-# Exact versions from requirements.lock; torch==2.13.0 comes from the local wheel on CPU machines.
+# Exact versions from requirements.lock. pip installs torch (its choice of build, as always: the local
+# CPU wheel on CPU machines, the CUDA build and its nvidia packages on GPU machines) and uv; uv installs
+# the rest; then the venv's bytecode is compiled on every core (about 35 s in all here, pip took 80 s).
+# As with pip, a file that does not compile on this Python (torch ships a 3.12-only module) is skipped.
+UV := $(BIN)/uv pip install --quiet --python $(BIN)/python
 $(STAMP): requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.lock
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -e .
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-compile -c requirements.lock \
+		$$(grep -E '^(torch|uv)==' requirements.lock)
+	$(UV) -r requirements.lock
+	$(UV) --no-deps -e .
+	$(BIN)/python -m compileall -qq -j 0 $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') || true
 	touch $@
 
 repro: setup
