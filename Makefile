@@ -16,7 +16,8 @@ setup: $(STAMP)
 # CPU wheel on CPU machines, the CUDA build and its nvidia packages on GPU machines) and uv; uv installs
 # the rest; then the venv's bytecode is compiled on every core (about 35 s in all here, pip took 80 s).
 # As with pip, a file that does not compile on this Python (torch ships a 3.12-only module) is skipped.
-UV := $(BIN)/uv pip install --quiet --python $(BIN)/python
+# --system-certs: uv trusts the machine's CA store, as pip does (a proxy's CA may be installed there).
+UV := $(BIN)/uv pip install --quiet --system-certs --python $(BIN)/python
 $(STAMP): requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-compile -c requirements.lock \
