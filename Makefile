@@ -24,7 +24,7 @@ $(STAMP): requirements.lock pyproject.toml
 		$$(grep -E '^(torch|uv)==' requirements.lock)
 	$(UV) -r requirements.lock
 	$(UV) --no-deps -e .
-	$(BIN)/python -m compileall -qq -j 0 $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') || true
+	$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib || true
 	touch $@
 
 repro: setup
