@@ -212,6 +212,7 @@ def test_a_second_job_on_the_same_folder_fails_at_once_and_deletes_nothing(workd
     assert first.returncode == 0, err[-3000:]
     after = {p.name for p in (workdir / "out").rglob("*") if p.is_file()}
     # Only what the first job itself replaces may go: old step checkpoints (it keeps the newest N)
-    # and the temporary file of a save that was in flight when `before` was listed (renamed since).
-    rotated = {n for n in before if n.startswith("step-") or (n.startswith(".step-") and n.endswith(".tmp"))}
+    # and the temporary file of any atomic write that was in flight when `before` was listed
+    # (a step checkpoint's or best.pt's, `.<name>.<suffix>.tmp`, renamed since).
+    rotated = {n for n in before if n.startswith("step-") or (n.startswith(".") and n.endswith(".tmp"))}
     assert {"model.pt", "run.json"} <= after and set(before) - after <= rotated
