@@ -71,7 +71,9 @@ def start_job(workdir: Path, prepared: Path, url: str, epochs: int, **env: str) 
     params = tiny_params(train={"epochs": epochs, "log_every_steps": LOG_EVERY, "checkpoint_every_steps": 200})
     write_params(workdir / "params.yaml", params)
     cmd = [str(BIN / "scalelab"), "train", "--params", "params.yaml", "--data", str(prepared), "--out", "results/train"]
-    full_env = {**os.environ, "MLFLOW_TRACKING_URI": url, **env}
+    # the writer from the first checkpoint on (not after its default delay): the first metric is
+    # stored while the job runs, and the outage hits the writer
+    full_env = {**os.environ, "MLFLOW_TRACKING_URI": url, "SCALELAB_WRITER_AFTER_S": "0", **env}
     return subprocess.Popen(
         cmd, cwd=workdir, env=full_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )

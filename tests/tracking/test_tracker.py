@@ -1,5 +1,8 @@
 """The MLflow tracker on a real SQLite store: batching, the writer process, flush on failure."""
 
+import time
+from unittest.mock import ANY
+
 import pytest
 from mlflow import MlflowClient
 
@@ -14,6 +17,7 @@ def store(store_ready, monkeypatch):
     # the store answers: flush and finish wait for the writer (a niced process, slow to start on a
     # busy machine) until it has stored everything, not for the default 20 s
     monkeypatch.setenv("SCALELAB_FINISH_WAIT_S", "600")
+    monkeypatch.setenv("SCALELAB_WRITER_AFTER_S", "0")  # the writer from the first flush(wait=False)
     return MlflowClient(tracking.tracking_uri())
 
 
@@ -47,6 +51,23 @@ def test_async_flush_goes_through_the_writer_and_replay_adds_no_duplicates(store
     assert [s for s, _ in history(store, tracker.run_id, "loss")] == list(range(1, 11))
     assert len(history(store, tracker.run_id, "acc")) == 10
     assert store.get_run(tracker.run_id).info.status == "FINISHED"
+
+
+@pytest.mark.integration  # the writer process, once due
+def test_a_run_shorter_than_the_writer_delay_stores_its_metrics_at_finish_without_a_writer(store):
+    tracker = tracking.MlflowTracker.open("t", run_name="r")
+    tracker._writer_due = time.monotonic() + 600  # as if SCALELAB_WRITER_AFTER_S were 600
+    tracker.log_metrics({"loss": 1.0}, 1)
+    tracker.flush(wait=False)  # a checkpoint's flush, before the writer is due
+    assert tracker.writer_pid is None and tracker.pending_metrics() == [("loss", 1.0, ANY, 1)]
+    tracker.replay_metrics([("loss", 0.5, 1, 0)])  # a resumed job's: sent before what it logs itself
+    assert [row[3] for row in tracker.pending_metrics()] == [0, 1]
+    tracker._writer_due = time.monotonic()  # due: the next flush starts the writer
+    tracker.log_metrics({"loss": 2.0}, 2)
+    tracker.flush(wait=False)
+    assert tracker.writer_pid is not None
+    tracker.finish()
+    assert history(store, tracker.run_id, "loss") == [(0, 0.5), (1, 1.0), (2, 2.0)]
 
 
 @pytest.mark.integration  # the writer process (python, mlflow, niced)

@@ -132,7 +132,8 @@ def tracking_costs(metrics: list[int], steps: int, repeats: int, work: Path) -> 
     client = MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
     exp = tracking.experiment_id(client, "bench-scaling")
     in_thread, store = [], []
-    tracker = tracking.MlflowTracker(client, client.create_run(exp, run_name="scaling").info.run_id)
+    run_id = client.create_run(exp, run_name="scaling").info.run_id
+    tracker = tracking.MlflowTracker(client, run_id, writer_after_s=0)  # the writer path, from the start
     tracker.log_metrics({"start": 0.0}, 0)
     tracker.flush(wait=False)
     tracker.flush(wait=True)  # the writer runs before the timing

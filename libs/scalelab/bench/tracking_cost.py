@@ -179,9 +179,13 @@ def measure(args: argparse.Namespace, store: Path) -> dict[str, Any]:
     bench.run(tracking.NullTracker(), args.warmup_steps, 10**9)
     trackers: dict[str, tracking.Tracker] = {
         "off": tracking.NullTracker(),
-        "batched": tracking.MlflowTracker(client, client.create_run(exp, run_name="batched").info.run_id),
+        "batched": tracking.MlflowTracker(
+            client, client.create_run(exp, run_name="batched").info.run_id, writer_after_s=0
+        ),
         "off_default": tracking.NullTracker(),
-        "batched_default": tracking.MlflowTracker(client, client.create_run(exp, run_name="default").info.run_id),
+        "batched_default": tracking.MlflowTracker(
+            client, client.create_run(exp, run_name="default").info.run_id, writer_after_s=0
+        ),
         "sync": SyncTracker(client, client.create_run(exp, run_name="sync").info.run_id),
     }
     start = time.perf_counter()  # once per job: start the writer processes (side by side), store a first batch

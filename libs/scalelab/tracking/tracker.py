@@ -6,7 +6,10 @@ MLflow call. At each checkpoint the train job (scalelab.training.job) calls `flu
 which hands the list to a writer process (scalelab.tracking.writer) that stores it with `log_batch`
 and retries on failure, and returns at once; the metrics not yet confirmed (`pending_metrics()`) go
 into the checkpoint, so a job killed while the writer is busy re-sends them on resume
-(`replay_metrics`; SQL stores drop the exact duplicates this can give). `flush()` (wait=True)
+(`replay_metrics`; SQL stores drop the exact duplicates this can give). The writer starts only once
+the run has been open WRITER_AFTER_S (SCALELAB_WRITER_AFTER_S overrides it): it costs a Python
+process importing MLflow (~2 s of CPU), which a short job does not need; until then flush(wait=False)
+keeps the metrics buffered, where checkpoints hold them just the same, and finish() stores them. `flush()` (wait=True)
 blocks until everything is stored, in this process when no writer runs (evaluation, the study).
 `finish()` flushes, waits at most about FINISH_WAIT_S (SCALELAB_FINISH_WAIT_S overrides it; tests
 shrink it) and sets the status: `training.job.run` calls it on success and on failure alike, so a
@@ -42,6 +45,7 @@ log = logging.getLogger(__name__)
 PARAM_MAX_CHARS = 6000
 BATCH_PARAMS = 100
 FINISH_WAIT_S = 20.0  # finish() takes at most about this long (torchrun SIGKILLs 30 s after SIGTERM)
+WRITER_AFTER_S = 10.0  # a run open for less than this stores its metrics at finish(), without a writer
 # MLflow 3's UI opens an experiment of this kind on its runs table, not on the GenAI overview
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 
@@ -101,11 +105,14 @@ NullTracker = Tracker
 class MlflowTracker(Tracker):
     """One MLflow run, opened (or resumed) by `open()`."""
 
-    def __init__(self, client: Any, run_id: str) -> None:
+    def __init__(self, client: Any, run_id: str, writer_after_s: float | None = None) -> None:
         self.client = client
         self.run_id = run_id
         self._metrics: list[MetricRow] = []  # logged, not yet handed to a writer
-        self._writer: ProcessWriter | None = None  # started by the first flush(wait=False)
+        self._writer: ProcessWriter | None = None  # started by the first flush(wait=False) once due
+        if writer_after_s is None:
+            writer_after_s = seconds_from_env("SCALELAB_WRITER_AFTER_S", WRITER_AFTER_S)
+        self._writer_due = time.monotonic() + writer_after_s
         self._stored: set[tuple[str, int]] = set()  # (key, step) already in the store (a resumed run)
         self._unsent_tags: dict[str, str] = {}  # tags and artifacts the store refused: finish() spills them
         self._unsent_files: dict[str, bytes] = {}  # artifact path in the run -> content
@@ -199,18 +206,18 @@ class MlflowTracker(Tracker):
         """The writer process's pid once a flush(wait=False) started it (for benchmarks)."""
         return self._writer.pid if self._writer is not None else None
 
-    def _async_writer(self) -> ProcessWriter:
-        if self._writer is None:
-            self._writer = ProcessWriter(self.client.tracking_uri, self.run_id)
-        return self._writer
-
     def flush(self, wait: bool = True, timeout_s: float | None = None) -> None:
-        """Sends buffered metrics. Without `wait`, hands them to the writer process and returns at
-        once; with it, blocks until they are stored (or `timeout_s`, default finish_wait_s(),
-        passes) and logs in this process when no writer runs."""
+        """Sends buffered metrics. Without `wait`, hands them to the writer process (started once
+        the run has been open WRITER_AFTER_S; before that they stay buffered) and returns at once;
+        with it, blocks until they are stored (or `timeout_s`, default finish_wait_s(), passes) and
+        logs in this process when no writer runs."""
         timeout_s = finish_wait_s() if timeout_s is None else timeout_s
+        if not wait and self._writer is None and time.monotonic() < self._writer_due:
+            return
         if self._metrics and (not wait or self._writer is not None):
-            self._async_writer().submit(self._metrics)
+            if self._writer is None:
+                self._writer = ProcessWriter(self.client.tracking_uri, self.run_id)
+            self._writer.submit(self._metrics)
             self._metrics = []
         if not wait:
             return
@@ -227,10 +234,9 @@ class MlflowTracker(Tracker):
         return (self._writer.pending() if self._writer else []) + list(self._metrics)
 
     def replay_metrics(self, rows: list[MetricRow]) -> None:
-        """Queues metrics saved by `pending_metrics()` in an earlier try, with their timestamps."""
-        rows = [tuple(r) for r in rows if (r[0], r[3]) not in self._stored]
-        if rows:
-            self._async_writer().submit(rows)
+        """Queues metrics saved by `pending_metrics()` in an earlier try, with their timestamps
+        (sent with the next flush)."""
+        self._metrics[:0] = [tuple(r) for r in rows if (r[0], r[3]) not in self._stored]
 
     def finish(
         self, status: str | None = "FINISHED", spill_dir: str | Path | None = None, end_ms: int | None = None
