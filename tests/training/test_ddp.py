@@ -1,16 +1,17 @@
 """2-process gloo runs through the real CLI and torchrun: sync, determinism, resume after SIGKILL."""
 
+import contextlib
 import json
 import os
-import signal
 import subprocess
 import time
 
+import psutil
 import pytest
 import torch
 from mlflow import MlflowClient
 
-from helpers import BIN, group_alive, run_cli, tiny_params, wait_for, write_params
+from helpers import BIN, run_cli, tiny_params, wait_for, write_params
 
 pytestmark = pytest.mark.distributed
 
@@ -64,8 +65,8 @@ def test_grad_accumulation_with_no_sync_matches_large_batch(workdir, prepared_di
 
 
 def sigkill_after_first_checkpoint(workdir, prepared_digits, sections):
-    """Starts `scalelab train --out killed` with `sections`, SIGKILLs its process group once a
-    checkpoint exists; returns (the checkpoint folder, the run id the killed job recorded)."""
+    """Starts `scalelab train --out killed` with `sections`, SIGKILLs every process of the job once
+    a checkpoint exists; returns (the checkpoint folder, the run id the killed job recorded)."""
     write_params(workdir / "params.yaml", tiny_params(**sections))
     cmd = [str(BIN / "scalelab"), "train", "--data", str(prepared_digits), "--out", "killed"]
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
@@ -76,11 +77,17 @@ def sigkill_after_first_checkpoint(workdir, prepared_digits, sections):
     deadline = time.time() + 120
     while not list(ckpts.glob("step-*")) and time.time() < deadline and proc.poll() is None:
         time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)
+    # the launcher and the ranks: torchrun starts each rank in a session of its own, where a signal
+    # to the launcher's group does not reach it (left alone, a rank stops itself within a second,
+    # runtime.lifeline, and saves what a SIGTERM saves, maybe while the folder is read below)
+    job = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    for p in job:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
     proc.wait()
     # a rank inside a system call (a rename that commits a checkpoint) finishes it before it dies:
     # what is on disk is settled once every process of the job is gone
-    wait_for(lambda: not group_alive(proc.pid), 60, "the killed job's processes to exit")
+    wait_for(lambda: not any(p.is_running() for p in job), 60, "the killed job's processes to exit")
     assert list(ckpts.glob("step-*")), "no checkpoint appeared before the kill"
     assert not (workdir / "killed" / "model.pt").exists(), "the run finished before the kill"
     run_id_before = json.loads((ckpts / "job.json").read_text())["run_id"]
