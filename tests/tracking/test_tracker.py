@@ -127,3 +127,9 @@ def test_the_finish_wait_and_the_store_back_off_are_settable_and_checked(monkeyp
         monkeypatch.setenv("SCALELAB_FINISH_WAIT_S", bad)
         with pytest.raises(ValueError, match=f"SCALELAB_FINISH_WAIT_S='{bad}' is not allowed: must be a number"):
             finish_wait_s()
+
+
+def test_a_relative_sqlite_uri_keeps_the_artifacts_beside_its_database(store_ready):
+    client = MlflowClient("sqlite:///mlflow.db")  # relative to the working folder, as MLflow reads it
+    exp = client.get_experiment(tracking.experiment_id(client, "relative"))
+    assert exp.artifact_location == (store_ready / "mlruns").as_uri()

@@ -311,7 +311,7 @@ def experiment_id(client: Any, name: str) -> str:
     if exp is not None:
         return exp.experiment_id
     db = sqlite_file(client.tracking_uri)
-    location = (db.parent / "mlruns").as_uri() if db is not None else None
+    location = (db.absolute().parent / "mlruns").as_uri() if db is not None else None  # sqlite:///x.db: cwd
     try:
         return client.create_experiment(name, artifact_location=location, tags=EXPERIMENT_TAGS)
     except Exception:
