@@ -66,14 +66,15 @@ def run(args: argparse.Namespace) -> int:
     Returns:
         0; under `all`, 1 when a benchmark failed (the others still run; its error is printed).
     """
+    out = Path(args.out).absolute()  # its stores and scratch folders are used from other working folders
     if args.name != "all":
         module = BENCHMARKS[args.name]
-        print(module.headline(module.run(args, Path(args.out)), Path(args.out)))
+        print(module.headline(module.run(args, out), out))
         return 0
     failed = []
     for name, module in BENCHMARKS.items():
         try:
-            print(module.headline(module.run(_defaults(module), Path(args.out)), Path(args.out)), flush=True)
+            print(module.headline(module.run(_defaults(module), out), out), flush=True)
         except Exception as exc:  # one broken benchmark must not hide the others' figures
             print(f"scalelab bench {name}: error: {exc}", file=sys.stderr, flush=True)
             failed.append(name)
