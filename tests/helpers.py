@@ -5,6 +5,7 @@ Import them from here (`from helpers import run_cli`); conftest.py holds only fi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -146,6 +147,24 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def process_tree(pid: int) -> list:
+    """The process and all its descendants (psutil), the ranks included: torchrun starts each in a
+    session of its own, out of reach of a signal to the launcher's process group."""
+    import psutil
+
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
+def signal_all(procs: list, signum: int) -> None:
+    """Sends `signum` to each of `procs` (psutil processes) that still exists."""
+    import psutil
+
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.send_signal(signum)
 
 
 def group_alive(pgid: int) -> bool:

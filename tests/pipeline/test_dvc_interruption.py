@@ -17,15 +17,16 @@ import signal
 import subprocess
 import time
 
-import psutil
 import pytest
 import yaml
 from mlflow import MlflowClient
 
 from helpers import (
     BIN,
+    process_tree,
     record_reliability,
     run_cli,
+    signal_all,
     tiny_params,
     training_pipeline,
     wait_for,
@@ -48,24 +49,10 @@ def start_repro(repo, log):
     )
 
 
-def tree(pid):
-    """The process and all its descendants, the ranks (other sessions) included."""
-    root = psutil.Process(pid)
-    return [root, *root.children(recursive=True)]
-
-
-def signal_all(procs, signum):
-    for p in procs:
-        try:
-            p.send_signal(signum)
-        except psutil.NoSuchProcess:
-            pass
-
-
 def stop_tree(pid):
     """SIGSTOP to the whole tree, until no new process appears; returns the stopped processes."""
     stopped = {}
-    while new := [p for p in tree(pid) if p.pid not in stopped]:
+    while new := [p for p in process_tree(pid) if p.pid not in stopped]:
         signal_all(new, signal.SIGSTOP)
         stopped.update((p.pid, p) for p in new)
     return list(stopped.values())
@@ -131,7 +118,7 @@ def test_a_second_dvc_repro_while_one_runs_fails_with_the_lock_message_and_corru
     finally:
         if first.poll() is None:
             signal_all(procs, signal.SIGCONT)
-            signal_all(tree(first.pid), signal.SIGKILL)
+            signal_all(process_tree(first.pid), signal.SIGKILL)
             first.wait()
     text = log_path.read_text()
     assert "Running stage 'train'" in text and "Running stage 'evaluate'" in text, text[-3000:]
@@ -180,7 +167,7 @@ def test_sigkill_during_train_leaves_dvc_lock_unchanged_and_the_rerun_completes(
             "a checkpoint of the new train params",
         )
         assert proc.poll() is None, log_path.read_text()[-3000:]
-        procs = tree(proc.pid)
+        procs = process_tree(proc.pid)
         os.killpg(proc.pid, signal.SIGKILL)  # what a CI timeout or `kill -9 -- -PGID` does
         killed = time.time()
         proc.wait(timeout=60)

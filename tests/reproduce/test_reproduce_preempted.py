@@ -11,11 +11,10 @@ import os
 import signal
 import subprocess
 
-import psutil
 import pytest
 from mlflow import MlflowClient
 
-from helpers import BIN, record_reliability, run_cli, tiny_params, training_pipeline, wait_for
+from helpers import BIN, process_tree, record_reliability, run_cli, tiny_params, training_pipeline, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -52,7 +51,7 @@ def test_reproduce_of_a_preempted_run_matches(repo_copy):
     try:
         wait_for(lambda: checkpoint_steps(repo_copy) or proc.poll() is not None, 300, "a checkpoint")
         assert proc.poll() is None, log_path.read_text()[-3000:]
-        procs = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        procs = process_tree(proc.pid)
         os.killpg(proc.pid, signal.SIGTERM)  # dvc, scalelab train and torchrun; torchrun stops the ranks
         proc.wait(timeout=60)
         wait_for(lambda: not any(p.is_running() for p in procs), 120, "every process of the pipeline to end")

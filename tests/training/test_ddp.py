@@ -1,17 +1,16 @@
 """2-process gloo runs through the real CLI and torchrun: sync, determinism, resume after SIGKILL."""
 
-import contextlib
 import json
 import os
+import signal
 import subprocess
 import time
 
-import psutil
 import pytest
 import torch
 from mlflow import MlflowClient
 
-from helpers import BIN, run_cli, tiny_params, wait_for, write_params
+from helpers import BIN, process_tree, run_cli, signal_all, tiny_params, wait_for, write_params
 
 pytestmark = pytest.mark.distributed
 
@@ -80,10 +79,8 @@ def sigkill_after_first_checkpoint(workdir, prepared_digits, sections):
     # the launcher and the ranks: torchrun starts each rank in a session of its own, where a signal
     # to the launcher's group does not reach it (left alone, a rank stops itself within a second,
     # runtime.lifeline, and saves what a SIGTERM saves, maybe while the folder is read below)
-    job = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    for p in job:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.kill()
+    job = process_tree(proc.pid)
+    signal_all(job, signal.SIGKILL)
     proc.wait()
     # a rank inside a system call (a rename that commits a checkpoint) finishes it before it dies:
     # what is on disk is settled once every process of the job is gone

@@ -8,9 +8,10 @@ and retries on failure, and returns at once; the metrics not yet confirmed (`pen
 into the checkpoint, so a job killed while the writer is busy re-sends them on resume
 (`replay_metrics`; SQL stores drop the exact duplicates this can give). The writer starts only once
 the run has been open WRITER_AFTER_S (SCALELAB_WRITER_AFTER_S overrides it): it costs a Python
-process importing MLflow (~2 s of CPU), which a short job does not need; until then flush(wait=False)
-keeps the metrics buffered, where checkpoints hold them just the same, and finish() stores them. `flush()` (wait=True)
-blocks until everything is stored, in this process when no writer runs (evaluation, the study).
+process importing MLflow (~2 s of CPU), which a short job does not need; until then
+flush(wait=False) keeps the metrics buffered, where checkpoints hold them just the same, and
+finish() stores them. `flush()` (wait=True) blocks until everything is stored, in this process when
+no writer runs (evaluation, the study).
 `finish()` flushes, waits at most about FINISH_WAIT_S (SCALELAB_FINISH_WAIT_S overrides it; tests
 shrink it) and sets the status: `training.job.run` calls it on success and on failure alike, so a
 killed run ends KILLED or FAILED, never RUNNING. What the store still refuses then is written to a
