@@ -39,4 +39,4 @@ def test_what_dvc_writes_is_not_source_but_a_code_edit_is(tmp_path):
     (tmp_path / "train.py").write_text("x = 2\n")
     tags, diffs = git_info(tmp_path)
     assert tags["git.dirty"] == "true"
-    assert "+x = 2" in diffs["provenance/dirty.diff"] and "dvc.lock" not in diffs["provenance/dirty.diff"]
+    assert b"+x = 2" in diffs["provenance/dirty.diff"] and b"dvc.lock" not in diffs["provenance/dirty.diff"]

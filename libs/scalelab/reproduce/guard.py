@@ -70,6 +70,8 @@ def check_commit(root: Path, commit: str) -> str:
 def verify_diff(tags: dict[str, str], name: str, path: Path | None) -> bytes | None:
     """The diff's bytes when they have the sha256 recorded at training time; None for no diff."""
     tag, omitted = f"provenance.{name}.sha256", tags.get(f"provenance.{name}.omitted_bytes")
+    if withheld := tags.get(f"provenance.{name}.withheld"):
+        raise CannotReproduce(f"provenance/{name} was not stored ({withheld}): its code cannot be rebuilt")
     if omitted is not None:
         raise CannotReproduce(
             f"provenance/{name} was left out of the store ({omitted} bytes): its code cannot be rebuilt"

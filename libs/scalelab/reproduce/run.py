@@ -166,6 +166,9 @@ def reproduce(run_id: str, *, data: str | None, keep: bool, rtol: float, atol: f
         old = client.get_run(run_id)
     except Exception as exc:
         raise CannotReproduce(f"run {run_id} is not in {mask_uri(tracking_uri())}: {mask_uri(str(exc))}") from None
+    if old.data.tags.get("scalelab.reproducible") == "false":
+        why = old.data.tags.get("scalelab.not_reproducible", "its provenance is incomplete")
+        raise CannotReproduce(f"run {run_id} was tagged not reproducible when it ran: {why}")
     root = repo_root()
     data_dir = Path(data) if data else root / old.data.tags.get("data.path", "data/prepared")
     if not data_dir.is_dir():

@@ -2,8 +2,11 @@
 
 `collect()` returns flat tags (for filtering in the UI and for `scalelab reproduce`) plus larger
 texts logged as artifacts under `provenance/`. Nothing secret leaves the machine: untracked files
-whose names look like secrets (`.env*`, keys, tokens, credentials) are never read, and every tag
-and text is redacted (`scalelab.tracking.secrets`), with the count in `provenance.redactions`:
+whose names look like secrets (`.env*`, keys, tokens, credentials) are never read, every tag and
+text that is only read is redacted (`scalelab.tracking.secrets`), with the count in
+`provenance.redactions`, and a diff, which `scalelab reproduce` applies, is never edited: it is
+stored byte for byte with its sha256, or, when it adds a secret or is too large, not at all, and
+the run is tagged `scalelab.reproducible: false` with the reason in `scalelab.not_reproducible`:
 
 - code: `git.commit`, `git.branch`, `git.dirty` (tracked changes against HEAD), `git.untracked`;
   `dirty.diff` (tracked changes) and `untracked.diff` (new files git does not ignore: the first
@@ -38,7 +41,7 @@ import yaml
 
 from scalelab.runtime import dist
 from scalelab.runtime.io import file_digests, json_digest
-from scalelab.tracking.secrets import is_secret_file, redact
+from scalelab.tracking.secrets import diff_findings, is_secret_file, redact
 
 LAUNCH_VARS = (
     "SLURM_JOB_ID",
@@ -58,12 +61,17 @@ UNTRACKED_MAX_FILES = 200  # one `git diff` each; the count in `git.untracked` i
 NONE = "none"
 
 
-def _git(root: Path, *args: str, ok: tuple[int, ...] = (0,)) -> str | None:
+def _git_bytes(root: Path, *args: str, ok: tuple[int, ...] = (0,)) -> bytes | None:
     try:
-        out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
+        out = subprocess.run(["git", *args], cwd=root, capture_output=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout if out.returncode in ok else None
+
+
+def _git(root: Path, *args: str, ok: tuple[int, ...] = (0,)) -> str | None:
+    out = _git_bytes(root, *args, ok=ok)
+    return None if out is None else out.decode("utf-8", "replace")
 
 
 def dvc_written(root: Path) -> list[str]:
@@ -84,14 +92,14 @@ def dvc_written(root: Path) -> list[str]:
     return paths
 
 
-def git_info(root: Path) -> tuple[dict[str, str], dict[str, str]]:
-    """Tags for commit, branch, dirty flag and untracked files, and the diffs as artifacts (the
-    source's: what DVC writes is left out, see `dvc_written`)."""
+def git_info(root: Path) -> tuple[dict[str, str], dict[str, bytes]]:
+    """Tags for commit, branch, dirty flag and untracked files, and the diffs as artifacts, as git
+    wrote them (the source's: what DVC writes is left out, see `dvc_written`)."""
     commit = (_git(root, "rev-parse", "HEAD") or "unknown").strip()
     branch = (_git(root, "rev-parse", "--abbrev-ref", "HEAD") or "unknown").strip()
     source = ["--", ".", *(f":(exclude,top){path}" for path in dvc_written(root))]
     status = _git(root, "status", "--porcelain", "--untracked-files=no", *source)
-    diff = _git(root, "diff", "HEAD", "--binary", *source) or ""
+    diff = _git_bytes(root, "diff", "HEAD", "--binary", *source) or b""
     listed = [p for p in (_git(root, "ls-files", "--others", "--exclude-standard", "-z") or "").split("\0") if p]
     untracked = [p for p in listed if not is_secret_file(p)]  # a .env, a key, a token file: never read
     dirty = "unknown" if status is None else str(bool(status.strip())).lower()
@@ -107,13 +115,13 @@ def git_info(root: Path) -> tuple[dict[str, str], dict[str, str]]:
     return tags, {k: v for k, v in texts.items() if v}
 
 
-def _untracked_diff(root: Path, paths: list[str]) -> str:
+def _untracked_diff(root: Path, paths: list[str]) -> bytes:
     """A `git apply`-able patch that creates each untracked file up to UNTRACKED_MAX_BYTES."""
     parts = []
     for rel in sorted(paths)[:UNTRACKED_MAX_FILES]:
         if (root / rel).is_file() and (root / rel).stat().st_size <= UNTRACKED_MAX_BYTES:
-            parts.append(_git(root, "diff", "--no-index", "--binary", "--", "/dev/null", rel, ok=(0, 1)) or "")
-    return "".join(parts)
+            parts.append(_git_bytes(root, "diff", "--no-index", "--binary", "--", "/dev/null", rel, ok=(0, 1)) or b"")
+    return b"".join(parts)
 
 
 def file_hashes(folder: Path, known: dict[str, tuple[str, str]] | None = None) -> dict[str, tuple[str, str]]:
@@ -282,8 +290,8 @@ def collect(
     nodes: list[dict[str, str]],
     params_sections: dict[str, Any],
     data_hashes: dict[str, tuple[str, str]] | None = None,
-) -> tuple[dict[str, str], dict[str, str]]:
-    """Returns (tags, artifacts): flat string tags and {artifact name: text}.
+) -> tuple[dict[str, str], dict[str, str | bytes]]:
+    """Returns (tags, artifacts): flat string tags and {artifact name: text (a diff: its bytes)}.
 
     Args:
         root: the repository root (git and dvc.lock).
@@ -308,22 +316,36 @@ def collect(
     return scrub(tags, artifacts)
 
 
-def scrub(tags: dict[str, str], artifacts: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
-    """Redacts credential-shaped strings in every tag and text, leaves out diffs over
-    DIFF_MAX_BYTES, and records the count, the cap and each diff's sha256 as tags."""
-    count, out_tags, out_texts = 0, {}, {}
+def scrub(
+    tags: dict[str, str], artifacts: dict[str, str | bytes]
+) -> tuple[dict[str, str], dict[str, str | bytes]]:
+    """Redacts secrets in every tag and every text that is only read; keeps each diff byte for byte
+    with its sha256, or leaves it out when it adds a secret or exceeds DIFF_MAX_BYTES, and then
+    tags the run not reproducible with the reason (the secret's file, line and kind, never its value)."""
+    count, out_tags, out_texts, reasons = 0, {}, {}, []
     for key, value in tags.items():
         out_tags[key], n = redact(str(value))
         count += n
     for name, text in artifacts.items():
-        clean, n = redact(text)
-        count += n
-        if name.endswith(".diff") and len(clean.encode()) > DIFF_MAX_BYTES:
-            out_tags[f"provenance.{Path(name).name}.omitted_bytes"] = str(len(clean.encode()))
+        if not isinstance(text, bytes):
+            out_texts[name], n = redact(text)
+            count += n
             continue
-        out_texts[name] = clean
-        if name.endswith(".diff"):
-            out_tags[f"provenance.{Path(name).name}.sha256"] = hashlib.sha256(clean.encode()).hexdigest()
+        tag = f"provenance.{Path(name).name}"
+        found = diff_findings(text.decode("utf-8", "surrogateescape"))
+        if found:
+            more = f" and {len(found) - 1} more" if len(found) > 1 else ""
+            out_tags[f"{tag}.withheld"] = f"a secret at {found[0]}{more}"
+            reasons.append(f"the uncommitted changes hold a secret at {found[0]}{more}: {name} is not stored")
+        elif len(text) > DIFF_MAX_BYTES:
+            out_tags[f"{tag}.omitted_bytes"] = str(len(text))
+            reasons.append(f"{name} is {len(text)} bytes, over {DIFF_MAX_BYTES}: it is not stored")
+        else:
+            out_texts[name] = text
+            out_tags[f"{tag}.sha256"] = hashlib.sha256(text).hexdigest()
     out_tags["provenance.redactions"] = str(count)
     out_tags["provenance.diff_max_bytes"] = str(DIFF_MAX_BYTES)
+    out_tags["scalelab.reproducible"] = str(not reasons).lower()
+    if reasons:
+        out_tags["scalelab.not_reproducible"] = "; ".join(reasons)
     return out_tags, out_texts

@@ -90,7 +90,7 @@ class Tracker:
     def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
     def log_artifact(self, path: str | Path, folder: str | None = None) -> None: ...
     def log_dict(self, obj: Any, name: str) -> None: ...
-    def log_text(self, text: str, name: str) -> None: ...
+    def log_text(self, text: str | bytes, name: str) -> None: ...
     def flush(self, wait: bool = True) -> None: ...
     def pending_metrics(self) -> list[MetricRow]:
         return []
@@ -196,10 +196,11 @@ class MlflowTracker(Tracker):
     def log_dict(self, obj: Any, name: str) -> None:
         self.log_text(json.dumps(obj, indent=2, sort_keys=True, default=str), name)
 
-    def log_text(self, text: str, name: str) -> None:
+    def log_text(self, text: str | bytes, name: str) -> None:
+        """Stores `text` as the artifact `name`: UTF-8, or bytes as they are (a diff)."""
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / Path(name).name
-            path.write_text(text)
+            path.write_bytes(text if isinstance(text, bytes) else text.encode())
             self.log_artifact(path, str(Path(name).parent) if Path(name).parent != Path(".") else None)
 
     @property

@@ -115,6 +115,8 @@ def log_run_inputs(
     tags, artifacts = provenance.collect(
         repo_root(), data_dir=data_dir, nodes=nodes, params_sections=consumed, data_hashes=known
     )
+    if tags.get("scalelab.not_reproducible"):  # one line at the job's start, naming file and line
+        log.warning("run %s will not be reproducible: %s", tracker.run_id, tags["scalelab.not_reproducible"])
     tracker.set_tags(tags)
     tracker.log_dict(ledger, "seeds.json")
     tracker.log_dict(to_dict(params), "config.json")
