@@ -316,9 +316,7 @@ def collect(
     return scrub(tags, artifacts)
 
 
-def scrub(
-    tags: dict[str, str], artifacts: dict[str, str | bytes]
-) -> tuple[dict[str, str], dict[str, str | bytes]]:
+def scrub(tags: dict[str, str], artifacts: dict[str, str | bytes]) -> tuple[dict[str, str], dict[str, str | bytes]]:
     """Redacts secrets in every tag and every text that is only read; keeps each diff byte for byte
     with its sha256, or leaves it out when it adds a secret or exceeds DIFF_MAX_BYTES, and then
     tags the run not reproducible with the reason (the secret's file, line and kind, never its value)."""
