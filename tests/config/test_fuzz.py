@@ -197,12 +197,13 @@ def test_a_valid_search_passes_the_checks_the_fuzz_relies_on(workdir, prepared_d
     """The fuzz's valid parts are valid: the plan of a search made only of them is accepted."""
     import argparse
 
+    from scalelab.config import read_yaml
     from scalelab.training.search import plan
 
     (workdir / "params.yaml").write_text(yaml.safe_dump(tiny_params(sweep={"launcher": "local"})))
     options = {"method": "tpe", "trials": 3, "parallel": 2, "objective": "val_loss:min", "pruner": "median"}
     args = argparse.Namespace(name="ok", params="params.yaml", data=str(prepared_digits), set=GOOD_SPECS, **options)
-    search = plan(args, workdir / "results/sweeps/ok")
+    search = plan(args, workdir / "results/sweeps/ok", read_yaml("params.yaml"), GOOD_SPECS)
     assert (search.trials, search.parallel, search.metric, search.mode) == (3, 2, "val_loss", "min")
     assert not (workdir / "results").exists() and not (workdir / "mlflow.db").exists()
 

@@ -52,7 +52,8 @@ def test_a_sweep_value_that_validation_accepts_is_carried_as_data(workdir, tmp_p
     marker = tmp_path / "pwned"
     value = f"x;touch {marker} $(touch {marker}) `touch {marker}`"  # a free-text field: valid
     write_params(workdir / "params.yaml", tiny_params())
-    _, elements = sweep.plan("params.yaml", [f"data.file.label_column={value}", "train.lr=0.001,0.002"])
+    raw, specs = sweep.settings("params.yaml", [f"data.file.label_column={value}", "train.lr=0.001,0.002"])
+    _, elements = sweep.plan("params.yaml", raw, specs)
     assert [params.data.file.label_column for _, params in elements] == [value, value]
     assert [params.train.lr for _, params in elements] == [0.001, 0.002]
     assert not marker.exists()

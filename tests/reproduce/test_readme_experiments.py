@@ -16,6 +16,7 @@ import shlex
 import shutil
 import subprocess
 import sysconfig
+import time
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,7 @@ def test_every_readme_experiment_reproduces(tmp_path):
     runs: dict[str, str] = {}  # run id -> the command that made it
     queued = []
     for args in experiments:
+        started = time.monotonic()
         subprocess.run(["git", "checkout", "--", "params.yaml", "dvc.lock"], cwd=repo, check=True)
         run_cli("dvc", "exp", "run", *args, "evaluate", cwd=repo, timeout=900)
         if "--queue" in args:
@@ -79,16 +81,18 @@ def test_every_readme_experiment_reproduces(tmp_path):
         if run_id not in runs:  # DVC's run cache may bring back an earlier run with the same params
             runs[run_id] = " ".join(args)
             reproduce(repo, run_id, client, runs[run_id])  # now, while the workspace holds its data
+        print(f"{' '.join(args)}: {time.monotonic() - started:.0f} s")  # shown with pytest -rP
     if queued:
-        run_cli("dvc", "queue", "start", "-j", "1", cwd=repo)
+        run_cli("dvc", "queue", "start", "-j", "2", cwd=repo)
         status = lambda: run_cli("dvc", "queue", "status", cwd=repo).stdout  # noqa: E731
         wait_for(lambda: "Queued" not in status() and "Running" not in status(), 900, "the queue", poll_s=3)
         assert status().count("Success") == len(queued), status()
-        for name in queued:
-            run_cli("dvc", "exp", "apply", name, cwd=repo)
-            run_id = json.loads((repo / "results/train/run.json").read_text())["run_id"]
-            assert client.get_run(run_id).data.tags["dvc.exp_name"] == name
-            reproduce(repo, run_id, client, f"queued {name}")
+        for name in queued:  # the workspace holds the digits data they trained on
+            (run,) = client.search_runs(
+                [client.get_experiment_by_name("scalelab").experiment_id],
+                f"tags.`dvc.exp_name` = '{name}' and tags.`scalelab.kind` = 'train'",
+            )
+            reproduce(repo, run.info.run_id, client, f"queued {name}")
     assert len(runs) + len(queued) >= 5, runs  # distinct training runs, each reproduced
 
 

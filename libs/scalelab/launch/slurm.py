@@ -8,6 +8,7 @@ until it ends, so `dvc repro` on a login node blocks like a local run.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import time
@@ -130,11 +131,14 @@ def executor(
     """A submitit executor for jobs of this shape on this profile."""
     import submitit
 
-    ex = submitit.AutoExecutor(
-        folder=Path(params.slurm.folder).resolve() / "%j",
-        cluster="slurm",
-        slurm_max_num_timeout=params.slurm.max_timeouts,
-    )
+    try:
+        ex = submitit.AutoExecutor(
+            folder=Path(params.slurm.folder).resolve() / "%j",
+            cluster="slurm",
+            slurm_max_num_timeout=params.slurm.max_timeouts,
+        )
+    except RuntimeError as exc:  # no SLURM client here
+        raise refused(exc) from None
     extra: dict[str, Any] = {"slurm_account": profile.account} if profile.account else {}
     if gpus_per_node:
         extra["gpus_per_node"] = gpus_per_node
@@ -168,12 +172,30 @@ def train_executor(params: Params, profile: Profile, name: str) -> Any:
     )
 
 
+class SubmitError(LaunchError):
+    """sbatch could not be run or refused the job: nothing was queued, nothing ran."""
+
+    exit_status = 2  # the CLI's bad input: this machine or profile cannot submit
+
+
+def refused(exc: BaseException) -> SubmitError:
+    """One line for a failed submission, naming what is missing when the SLURM client says it."""
+    lines = str(exc).strip().splitlines()
+    last = lines[-1].strip() if lines else type(exc).__name__
+    if isinstance(exc, FileNotFoundError) or "Could not detect" in str(exc):  # submitit looks for srun
+        return SubmitError("sbatch is not on PATH: this machine is no SLURM client (set the launcher to local)")
+    if "configuration source" in str(exc) or "slurm.conf" in str(exc):
+        where = os.environ.get("SLURM_CONF") or "unset"
+        last = f"no SLURM configuration was found (SLURM_CONF: {where}; set it, or submit from a login node): {last}"
+    return SubmitError(f"sbatch refused the job: {last}")
+
+
 def submit(ex: Any, fn: Any) -> Any:
-    """`ex.submit(fn)`; sbatch's refusal (no cluster, bad partition, ...) is a LaunchError."""
+    """`ex.submit(fn)`; sbatch's refusal (no cluster, bad partition, ...) is a SubmitError."""
     try:
         return ex.submit(fn)
     except Exception as exc:
-        raise LaunchError(f"sbatch refused the job: {str(exc).strip().splitlines()[-1]}") from None
+        raise refused(exc) from None
 
 
 def wait(job: Any, poll_s: float, out=sys.stderr) -> Any:

@@ -26,15 +26,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from scalelab.config import ConfigError, Params, parse_params, read_yaml
+from scalelab.config import ConfigError, Params, parse_params
 from scalelab.config.overrides import apply
-from scalelab.config.schema import check_best_metric, load_params
+from scalelab.config.schema import check_best_metric
 from scalelab.config.space import Dimension, corners, parse_space
 from scalelab.data.store import verify
 from scalelab.launch import slurm
@@ -104,8 +107,9 @@ def parse_objective(text: str, params: Params) -> tuple[str, str]:
     return metric, mode
 
 
-def plan(args: Any, folder: Path) -> Search:
-    """Checks the options, the space and every bound of it, and the data; nothing is written.
+def plan(args: Any, folder: Path, raw: dict[str, Any], specs: list[str]) -> Search:
+    """Checks the options, the space (`specs`) and every bound of it, and the data; nothing is
+    written. `raw` is the params tree with the command's settings applied (`sweep.settings`).
 
     Raises:
         ConfigError, DataError: one line naming the option or key, the value and what is allowed.
@@ -117,10 +121,9 @@ def plan(args: Any, folder: Path) -> Search:
     for option, value in (("--trials", args.trials), ("--parallel", args.parallel)):
         if value is not None and value < 1:
             raise ConfigError(f"{option} {value} is not allowed: give a whole number >= 1")
-    base = load_params(args.params)
-    raw = read_yaml(args.params)
+    base = parse_params(raw, args.params)
     metric, mode = parse_objective(args.objective, base)
-    space = parse_space(args.set)
+    space = parse_space(specs)
     for key in space:
         if key in SHAPE_KEYS or key in MANAGED_KEYS:
             why = "one job array has one job shape" if key in SHAPE_KEYS else "the search sets it"
@@ -173,12 +176,33 @@ def plan(args: Any, folder: Path) -> Search:
     return search
 
 
-def submit(args: Any, folder: Path) -> int:
+@contextmanager
+def abandoned_on_failure(parent: MlflowTracker, folder: Path, children: list[str] = ()) -> Iterator[None]:
+    """A submission that fails ends its parent run (and the `children` made so far) FAILED and
+    frees the sweep's name (its folder goes); an error from the SLURM client becomes one line
+    (`slurm.refused`)."""
+    try:
+        yield
+    except BaseException as exc:
+        for run_id in children:
+            parent.client.set_terminated(run_id, status="FAILED")
+        parent.finish("FAILED")
+        shutil.rmtree(folder, ignore_errors=True)
+        if isinstance(exc, Exception) and getattr(exc, "exit_status", None) is None:
+            raise slurm.refused(exc) from None
+        raise
+
+
+def submit(args: Any, folder: Path, raw: dict[str, Any], specs: list[str]) -> int:
     """Plans, creates the study and the parent run, then starts the workers."""
     import optuna
 
-    search = plan(args, folder)
-    base = load_params(args.params)
+    search = plan(args, folder, raw, specs)
+    base = parse_params(raw, args.params)
+    ex = None
+    if search.launcher == "slurm":  # no SLURM client here: fails before any study, run or folder
+        ex = slurm.train_executor(base, slurm.load_profile(base.slurm.profile), name=f"sweep-{search.name}")
+        ex.update_parameters(slurm_array_parallelism=search.parallel)
     folder.mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     optuna.create_study(
@@ -204,14 +228,11 @@ def submit(args: Any, folder: Path) -> int:
     )
     search.parent_run_id = parent.run_id
     search.save()
-    if search.launcher == "local":
+    if ex is None:
         return run_local(search)
-    profile = slurm.load_profile(base.slurm.profile)
-    ex = slurm.train_executor(base, profile, name=f"sweep-{search.name}")
-    ex.update_parameters(slurm_array_parallelism=search.parallel)
     from scalelab.training.search_worker import SearchJob
 
-    with ex.batch():
+    with abandoned_on_failure(parent, folder), ex.batch():
         jobs = [ex.submit(SearchJob(search.folder, i)) for i in range(search.parallel)]
     search.elements = [{"index": i, "job_id": j.job_id, "log_folder": str(j.paths.folder)} for i, j in enumerate(jobs)]
     search.save()

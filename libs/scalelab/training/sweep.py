@@ -23,7 +23,6 @@ from typing import Any
 from scalelab.config import ConfigError, Params, parse_params, read_yaml
 from scalelab.config.loader import check_name
 from scalelab.config.overrides import apply, expand, parse_overrides
-from scalelab.config.schema import load_params
 from scalelab.data.store import verify
 from scalelab.launch import slurm
 from scalelab.runtime.io import atomic_write_json
@@ -35,10 +34,36 @@ ROOT = Path("results/sweeps")
 SHAPE_KEYS = ("train.num_nodes", "train.nproc_per_node", "train.threads_per_process", "train.launcher")
 
 
-def plan(params_file: str, specs: list[str]) -> tuple[Params, list[tuple[dict, Params]]]:
+SETTING_SECTIONS = ("sweep", "slurm")  # -S keys that configure the submission: one value, never a dimension
+
+
+def settings(params_file: str, specs: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """The params tree with the command's own settings applied (`-S sweep.launcher=local`), and
+    the -S specs left for the grid or search space.
+
+    Raises:
+        ConfigError: a setting with more than one value, or a value the schema refuses.
+    """
+    raw, rest = read_yaml(params_file), []
+    for spec in specs:
+        if spec.partition("=")[0].split(".")[0] not in SETTING_SECTIONS:
+            rest.append(spec)
+            continue
+        ((key, values),) = parse_overrides([spec]).items()
+        if len(values) != 1:
+            raise ConfigError(
+                f"-S {spec}: {key} is a setting of the submission, not a dimension of the sweep: give one value"
+            )
+        raw = apply(raw, {key: values[0]})
+    parse_params(raw, params_file)  # a bad setting fails here, naming its key
+    if not rest:
+        raise ConfigError("-S: give at least one key to sweep over, e.g. -S train.lr=0.001,0.003")
+    return raw, rest
+
+
+def plan(params_file: str, raw: dict[str, Any], specs: list[str]) -> tuple[Params, list[tuple[dict, Params]]]:
     """Validates the base params and every element; returns (base, [(overrides, params)])."""
-    base = load_params(params_file)
-    raw = read_yaml(params_file)
+    base = parse_params(raw, params_file)
     grid = parse_overrides(specs)
     bad = [k for k in grid if k in SHAPE_KEYS]
     if bad:
@@ -60,17 +85,20 @@ def submit(args: argparse.Namespace) -> int:
     folder = ROOT / args.name
     if (folder / "manifest.json").exists():
         raise ConfigError(f"--name {args.name!r}: {folder} already holds a sweep; pick another name")
-    if args.method != "grid" or load_params(args.params).sweep.launcher == "local" or args.trials:
+    raw, specs = settings(args.params, args.set)
+    if args.method != "grid" or parse_params(raw, args.params).sweep.launcher == "local" or args.trials:
         from scalelab.training import search
 
-        return search.submit(args, folder)
+        return search.submit(args, folder, raw, specs)
     if args.pruner != "none":
         raise ConfigError(f"--pruner {args.pruner}: a grid on SLURM trains every element; give --trials to search")
-    base, elements = plan(args.params, args.set)
+    base, elements = plan(args.params, raw, specs)
     verify(args.data)
     profile = slurm.load_profile(base.slurm.profile)
     for _, params in elements:
         slurm.preflight(params, profile, tracking_uri())
+    ex = slurm.train_executor(base, profile, name=f"sweep-{args.name}")  # no SLURM client: fails here
+    ex.update_parameters(slurm_array_parallelism=args.parallel or base.sweep.array_parallelism)
     data_dir = str(Path(args.data).resolve())
     for i, (_, params) in enumerate(elements):  # a plan that does not fit fails here, before any run
         resolve(params, data_dir, folder / f"{i:03d}")
@@ -80,12 +108,13 @@ def submit(args: argparse.Namespace) -> int:
         tags={"scalelab.kind": "sweep", "scalelab.sweep": args.name},
     )
     parent.log_params({"overrides": " ".join(args.set), "elements": len(elements)})
-    jobs, manifest = [], {"name": args.name, "parent_run_id": parent.run_id, "elements": []}
-    ex = slurm.train_executor(base, profile, name=f"sweep-{args.name}")
-    ex.update_parameters(slurm_array_parallelism=args.parallel or base.sweep.array_parallelism)
-    with ex.batch():
+    jobs, children, manifest = [], [], {"name": args.name, "parent_run_id": parent.run_id, "elements": []}
+    from scalelab.training.search import abandoned_on_failure
+
+    with abandoned_on_failure(parent, folder, children), ex.batch():
         for i, (overrides, params) in enumerate(elements):
             child = _child_run(base, parent.run_id, args.name, i, overrides)
+            children.append(child)
             params = dataclasses.replace(params, tracking=dataclasses.replace(params.tracking, run_id=child))
             out = (folder / f"{i:03d}").resolve()
             resolved = resolve(params, data_dir, out)
