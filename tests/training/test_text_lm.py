@@ -97,6 +97,28 @@ def test_gpt_learns_the_standard_library_through_dvc_repro_and_reproduce_matches
     print(f"val {val_bpb:.3f} bits/byte against a unigram entropy of {entropy:.3f} over {len(val)} bytes")
     assert val_bpb < 0.8 * entropy, (val_bpb, entropy)
 
+    samples = [a.path for a in client.list_artifacts(run_id, "samples")]  # one file per validation
+    assert samples == [f"samples/step-{steps[-1]:06d}.txt"], samples
+    logged = open(client.download_artifacts(run_id, samples[0], str(repo_copy / ".."))).read()
+    assert logged.count("--- sample ") == 2 and len(logged) > 2 * 64, logged
+    sampled = [
+        run_cli(
+            "sample",
+            "--run",
+            run_id,
+            "--best",
+            "--prompt",
+            "def ",
+            "--tokens",
+            "80",
+            "--seed",
+            str(seed),
+            cwd=repo_copy,
+        )
+        for seed in (1, 1, 2)
+    ]
+    assert sampled[0].stdout == sampled[1].stdout != sampled[2].stdout and sampled[0].stdout.startswith("def ")
+
     rep = run_cli("reproduce", run_id, cwd=repo_copy, check=False, timeout=1800)
     print(rep.stdout)
     assert rep.returncode == 0 and "RESULT: match" in rep.stdout, rep.stdout + rep.stderr[-3000:]

@@ -158,6 +158,9 @@ class TrainConfig:
         doc="a collective waiting this long for a peer (a hung or stopped rank) fails the job instead of hanging it",
     )
     profile: ProfileConfig = knob(ProfileConfig())
+    sample_tokens: int = knob(
+        64, ge=0, doc="a token workload samples this many tokens at each validation, logged as samples/; 0: off"
+    )
 
     @property
     def world_size(self) -> int:

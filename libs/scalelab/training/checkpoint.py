@@ -51,6 +51,7 @@ EXTRA_FILE = "extra.pt"  # in a sharded checkpoint: everything but the shards (w
 # knobs that change neither the math nor the data order: a resume may differ in these
 CADENCE_KEYS = (
     "log_every_steps",
+    "sample_tokens",
     "checkpoint_every_steps",
     "keep_checkpoints",
     "profile",

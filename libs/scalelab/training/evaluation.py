@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import pickle
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +17,13 @@ import torch
 
 from scalelab.config import Params
 from scalelab.config.schema import SCORES
-from scalelab.data.store import DataError, Split, open_split, verify
+from scalelab.data.store import Split, open_split, verify
 from scalelab.runtime import dist
 from scalelab.runtime.io import atomic_write_json
 from scalelab.tracking import MlflowTracker
 from scalelab.training import workloads
 from scalelab.training.plan import BEST_FILE, MODEL_FILE, RUN_FILE
+from scalelab.training.sampling import load_model
 
 # the names the scores of each kind of data (config.schema.SCORES) go by in the test metrics
 TEST_NAMES = {
@@ -82,15 +82,7 @@ def run(params: Params, data_dir: str | Path, train_dir: str | Path, out_file: s
     model_path = train_dir / (BEST_FILE if params.evaluate.checkpoint == "best" else MODEL_FILE)
     if not model_path.is_file():
         raise FileNotFoundError(f"{model_path} is missing; run `dvc repro train` first")
-    try:  # tensors and plain values only: a pickled object in the file (e.g. from a shared remote) never runs
-        blob = torch.load(model_path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()[0]
-        raise DataError(f"{model_path} holds pickled objects, not only weights; refused to load it ({first})") from None
-    wl = workloads.load(
-        blob["workload"], blob["model_config"], input_shape=blob["input_shape"], num_classes=blob["num_classes"]
-    )
-    wl.model.load_state_dict(blob["model"])
+    wl, blob = load_model(model_path)  # tensors and plain values only: a pickled object in the file never runs
     split = open_split(data_dir, "test", manifest, seq_len=wl.seq_len)
     scores = evaluate(wl.model, wl, split, dist.DistEnv(), torch.device("cpu"), params.evaluate.batch_size)
     scored = named(scores, split.kind, "test")

@@ -29,7 +29,7 @@ from scalelab.runtime.paths import repo_root
 from scalelab.runtime.signals import StopFlag
 from scalelab.runtime.timings import mark
 from scalelab.tracking import MlflowTracker, NullTracker, Tracker, UnsentMetrics, provenance, sysmetrics
-from scalelab.training import outputs, profiling, schedule, strategy, workloads
+from scalelab.training import outputs, profiling, sampling, schedule, strategy, workloads
 from scalelab.training.best import Best
 from scalelab.training.checkpoint import Checkpointer, checkpoint_state, fingerprint, restore
 from scalelab.training.evaluation import evaluate, named
@@ -275,6 +275,10 @@ def _train(
                 if step % per_epoch == 0:
                     val = named(evaluate(loop.model, loop.workload, val_split, env, device), val_split.kind, "val")
                     tracker.log_metrics(val, step)
+                    if val_split.kind == "tokens" and train.sample_tokens:  # every rank: fsdp's forward
+                        sampling.log_samples(
+                            loop.model, val_split, seq_len, train.sample_tokens, step, train.seed, device, tracker
+                        )
                     if best.update(val, step):  # every rank: the same all-reduced values
                         best_weights.keep(loop, env, best)
                     early_stop = best.should_stop and step < total
