@@ -271,6 +271,21 @@ def user_command() -> str:
     return shlex.join(found) if found else shlex.join(sys.argv)
 
 
+def params_changes(root: Path, sections: dict[str, Any], names: tuple[str, ...] = ("train", "data")) -> dict[str, Any]:
+    """{dotted key: value} of the `names` sections of `sections` (typed params as plain dicts) that
+    differ from params.yaml as committed at HEAD; {} outside git or when HEAD's file does not load."""
+    from scalelab.config import ConfigError, flatten, parse_params, to_dict
+
+    text = _git(root, "show", "HEAD:params.yaml")
+    try:
+        committed = to_dict(parse_params(yaml.safe_load(text or ""), "HEAD:params.yaml"))
+    except (ConfigError, yaml.YAMLError, TypeError, AttributeError):
+        return {}
+    now = flatten({k: sections[k] for k in names if k in sections})
+    before = flatten({k: committed[k] for k in names if k in committed})
+    return {k: v for k, v in now.items() if before.get(k) != v}
+
+
 def dvc_info() -> dict[str, str]:
     """The DVC stage and experiment that ran this job, from the variables DVC sets for a stage:
     `dvc.exp_name` and `dvc.exp_baseline_rev` tell experiments apart in the UI."""

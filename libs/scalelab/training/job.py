@@ -55,11 +55,21 @@ class NonFiniteLossError(RuntimeError):
         )
 
 
-def run_name(params: Params, world_size: int) -> str:
-    """`ddp-w2-fp32-seed0`, with the DVC experiment's name after it when DVC runs one."""
+NAMED_KEYS = ("train.strategy", "train.nproc_per_node", "train.num_nodes", "train.precision", "train.seed")
+
+
+def run_name(params: Params, world_size: int, max_keys: int = 3) -> str:
+    """`ddp-w2-fp32-seed0`, then what tells this run apart: the DVC experiment's name when DVC runs
+    one, else the params that differ from the committed params.yaml (`-lr0.002`; at most
+    `max_keys`, then `+N`)."""
     t = params.train
-    exp = os.environ.get("DVC_EXP_NAME")
-    return f"{t.strategy}-w{world_size}-{t.precision}-seed{t.seed}" + (f"-{exp}" if exp else "")
+    name = f"{t.strategy}-w{world_size}-{t.precision}-seed{t.seed}"
+    if exp := os.environ.get("DVC_EXP_NAME"):
+        return f"{name}-{exp}"
+    changed = {k: v for k, v in provenance.params_changes(repo_root(), to_dict(params)).items() if k not in NAMED_KEYS}
+    parts = [f"{k.rsplit('.', 1)[-1]}{str(v).replace(' ', '')}" for k, v in list(changed.items())[:max_keys]]
+    more = f"+{len(changed) - max_keys}" if len(changed) > max_keys else ""
+    return "-".join([name, *parts]) + more
 
 
 def open_tracker(
