@@ -8,7 +8,7 @@ export PATH := $(BIN):$(PATH)
 HOST ?= 127.0.0.1
 PORT ?= 5000
 
-.PHONY: setup repro test test-fast lint ui bench lock mlflow-server slurm-up slurm-down clean
+.PHONY: setup repro dvc-lock test test-fast lint ui bench lock mlflow-server slurm-up slurm-down clean
 
 setup: $(STAMP)
 
@@ -30,6 +30,12 @@ $(STAMP): requirements.lock pyproject.toml
 repro: setup
 	$(BIN)/dvc repro
 	$(BIN)/scalelab summary
+
+# After a change to a stage's code or params.yaml: rerun what changed, so that the committed dvc.lock
+# matches the tree (tests/layout/test_dvc_lock.py checks it); then commit dvc.lock and the metrics files.
+dvc-lock: setup
+	$(BIN)/dvc repro
+	@echo "now: git add dvc.lock results/*/metrics.json results/speedup/speedup.json && git commit"
 
 # The tiers (tests/conftest.py): test-fast leaves out the tests marked slow or needing a service;
 # a test without a marker that takes over 5 s fails there. Both run on pytest-xdist workers (tests of
