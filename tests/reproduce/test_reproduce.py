@@ -47,8 +47,12 @@ def test_reproduce_asks_for_yes_matches_then_refuses_a_foreign_commit_a_changed_
     commit = client.get_run(run_id).data.tags["git.commit"]
     client.set_tag(run_id, "git.commit", "f" * 40)  # a commit only some other clone has
     bad = run_cli("reproduce", run_id, "--yes", cwd=repo_copy, check=False, timeout=300)
-    assert bad.returncode == 2 and f"git fetch origin {'f' * 40}" in bad.stderr, bad.stdout + bad.stderr
+    assert bad.returncode == 2 and "git pull" in bad.stderr and "fetch" not in bad.stderr, bad.stdout + bad.stderr
     client.set_tag(run_id, "git.commit", commit)
+    client.set_tag(run_id, "data.path", "/etc")  # a tampered data path: outside the repository
+    bad = run_cli("reproduce", run_id, "--yes", cwd=repo_copy, check=False, timeout=300)
+    assert bad.returncode == 2 and "data.path = '/etc' is not allowed" in bad.stderr, bad.stdout + bad.stderr
+    client.set_tag(run_id, "data.path", "data/prepared")
 
     stored = Path(client.get_run(run_id).info.artifact_uri.removeprefix("file://")) / "provenance/dirty.diff"
     stored.write_text(stored.read_text().replace("# an uncommitted edit", "import os; os.system('touch pwned')"))

@@ -226,7 +226,8 @@ def test_secret_file_names_and_uri_masks():
 @pytest.mark.slow  # prepare and a training job in a copy of the repo
 @pytest.mark.integration
 def test_a_run_with_secrets_in_its_changes_holds_them_nowhere_and_cannot_be_reproduced(repo_copy, tmp_path):
-    write_params(repo_copy / "params.yaml", tiny_params(train={"epochs": 1}))
+    storage = f"postgresql://optuna:{SECRET}@db.lab:5432/optuna"  # the README's sweep.storage form
+    write_params(repo_copy / "params.yaml", tiny_params(train={"epochs": 1}, sweep={"storage": storage}))
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qam", "tiny"], cwd=repo_copy)
     (repo_copy / ".env").write_text(f"MLFLOW_TRACKING_PASSWORD={SECRET}\n")  # git-ignored secret file
     (repo_copy / "deploy_token.txt").write_text(f"{SECRET}\n")  # not ignored, but named like a secret
@@ -246,6 +247,7 @@ def test_a_run_with_secrets_in_its_changes_holds_them_nowhere_and_cannot_be_repr
     run = client.search_runs([client.get_experiment_by_name("scalelab").experiment_id])[0]
     seen = [*run.data.params.values(), *run.data.params, *run.data.tags.values(), *run.data.tags]
     assert not [v for v in seen if SECRET in str(v)]
+    assert run.data.params["sweep.storage"] == "postgresql://optuna:***@db.lab:5432/optuna"
     tags = run.data.tags
     assert tags["scalelab.reproducible"] == "false" and tags["git.untracked_secret_files_skipped"] == "1"
     assert tags["provenance.dirty.diff.withheld"].startswith(f"a secret at experiments/mlp.py line {line}")

@@ -12,7 +12,9 @@ TIMING_METRICS = (
     "mean_step_time_ms",
     "profile_trace_bytes",
 )
-IGNORED_PARAMS = ("tracking.run_id",)  # a sweep's pre-made run: the reproduction gets its own
+# a sweep's pre-made run (the reproduction gets its own); where the job ran (reproduce runs it here,
+# its SLURM folder in its own temporary folder): none changes the weights
+IGNORED_PARAMS = ("tracking.run_id", "train.launcher", "slurm.folder")
 SWEEP_LABELS = ("override.", "sampled.")  # a sweep's copies of the values it set (train.* hold them too)
 
 

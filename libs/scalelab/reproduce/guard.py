@@ -1,21 +1,28 @@
 """What `scalelab reproduce` checks before it runs anything the store says.
 
 - The recorded `git.commit` is a 40-hex id of a commit that exists in the local repository
-  (`check_commit`); it reaches git after `--end-of-options`, so it can never be an option.
+  (`check_commit`); it reaches git after `--end-of-options`, so it can never be an option. A commit
+  that no trusted ref holds (`trusted_refs`: origin's default branch and tags, or this repository's
+  own branches and tags when it has no origin; `git config --add scalelab.trustedRef REF` sets
+  others) is shown (`git log --stat`) and needs the same consent as code: a dangling commit, a
+  stash or a fetched fork's branch never runs unasked.
 - Every recorded diff has the sha256 that training recorded in `provenance.<name>.sha256`
   (`verify_diff`): a changed, missing or unhashed diff is refused.
 - A diff is read header by header (`parse_diff`): one that creates a symlink or a gitlink, changes
   a file's mode, modifies an existing symlink, or names a path outside the worktree (absolute,
   `..`, `.git`) is refused, naming the file. Anything the reader does not understand is refused
   too, and git's own reading of the files (`git apply --numstat`) must name the same paths.
-- `summary` is what gets printed before anything is applied; `confirm` needs `--yes` (or a "y" on
-  a terminal) when a diff changes code: anything under libs/ or experiments/, or any file Python
-  could import (.py, .so, .pth, ...) anywhere in the worktree, which is on PYTHONPATH.
+- `summary` is what gets printed before anything is applied (non-printable characters escaped);
+  `confirm` needs `--yes` (or a "y" on a terminal) when a diff changes code: every file but a
+  short allowlist of data and documentation (`NOT_CODE`), and any file Python could import (.py,
+  .so, .pth, ...) anywhere in the worktree, which is on PYTHONPATH. Cluster profiles are code (their
+  `setup:` lines run in the job script).
 - `write_file` writes params.yaml without following a symlink in the worktree.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import os
 import re
@@ -26,8 +33,10 @@ from pathlib import Path, PurePosixPath
 
 HEX40 = re.compile(r"[0-9a-f]{40}")
 REGULAR_MODES = ("100644", "100755")
-CODE_DIRS = ("libs", "experiments")
 CODE_SUFFIXES = (".py", ".pyc", ".pyd", ".so", ".pth")
+# what a changed file may be without counting as code: params (reproduce writes its own params.yaml),
+# DVC's record, documentation and raw data; everything else can change what runs
+NOT_CODE = ("params.yaml", "dvc.lock", "*.md", "*.rst", "*.txt", "docs/*", "data/raw/*", "results/*")
 HUNK = re.compile(r"@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
 QUOTED = {"a": "\a", "b": "\b", "t": "\t", "n": "\n", "v": "\v", "f": "\f", "r": "\r", '"': '"', "\\": "\\"}
 BASE85_LINE = re.compile(r"(literal|delta) \d+|[A-Za-z][0-9A-Za-z!#$%&()*+;<=>?@^_`{|}~-]*")
@@ -62,9 +71,43 @@ def check_commit(root: Path, commit: str) -> str:
     if proc.returncode != 0:
         raise CannotReproduce(
             f"git.commit = {commit} is not a commit in the repository at {root}: "
-            f"fetch it first (git fetch origin {commit}) and rerun"
+            "update the branch that holds it (git pull) and rerun"
         )
     return commit
+
+
+def _git_out(root: Path, *args: str) -> str:
+    proc = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, errors="replace")
+    return proc.stdout if proc.returncode == 0 else ""
+
+
+def trusted_refs(root: Path) -> list[str]:
+    """The refs whose commits run without asking: `scalelab.trustedRef` (git config) when set, else
+    origin's default branch and the tags, or this repository's own branches and tags without origin."""
+    configured = _git_out(root, "config", "--get-all", "scalelab.trustedRef").split()
+    if configured:
+        return configured
+    if "origin" not in _git_out(root, "remote").split():
+        return ["refs/heads", "refs/tags"]
+    head = _git_out(root, "symbolic-ref", "-q", "refs/remotes/origin/HEAD").strip()
+    return [head or "refs/remotes/origin/main", *([] if head else ["refs/remotes/origin/master"]), "refs/tags"]
+
+
+def untrusted_commit(root: Path, commit: str, max_lines: int = 200) -> str | None:
+    """None when a trusted ref holds `commit`; else what it adds to HEAD (`git log --stat`, escaped)."""
+    holders = _git_out(root, "for-each-ref", "--format=%(refname)", f"--contains={commit}", *trusted_refs(root))
+    if holders.strip():
+        return None
+    log = _git_out(root, "log", "--stat", "--no-color", "--end-of-options", f"HEAD..{commit}").splitlines()
+    shown = [printable(line) for line in log[:max_lines]]
+    if len(log) > max_lines:
+        shown.append(f"... {len(log) - max_lines} more lines")
+    return "\n".join(shown) or f"(commit {commit} adds nothing to HEAD)"
+
+
+def printable(text: str) -> str:
+    """`text` with every non-printable character escaped (a file name cannot move the cursor)."""
+    return "".join(ch if ch.isprintable() or ch == "\t" else ch.encode("unicode_escape").decode() for ch in text)
 
 
 def verify_diff(tags: dict[str, str], name: str, path: Path | None) -> bytes | None:
@@ -284,8 +327,9 @@ def _no_symlink(worktree: Path, rel: str, name: str) -> None:
 
 
 def is_code(path: str) -> bool:
-    """Code that training would import: under libs/ or experiments/, or an importable file anywhere."""
-    return path.split("/")[0] in CODE_DIRS or path.endswith(CODE_SUFFIXES)
+    """Whether a changed file can change what runs: anything importable, and every file that is not
+    on the NOT_CODE allowlist of data and documentation (cluster profiles and dvc.yaml included)."""
+    return path.endswith(CODE_SUFFIXES) or not any(fnmatch.fnmatchcase(path, pattern) for pattern in NOT_CODE)
 
 
 def summary(name: str, changes: list[FileChange]) -> str:
@@ -294,22 +338,37 @@ def summary(name: str, changes: list[FileChange]) -> str:
     lines = [f"{name}: {len(changes)} file(s), +{added} -{removed} lines (sha256 verified)"]
     for c in changes:
         counts = "binary" if c.binary else f"+{c.added} -{c.removed}"
-        moved = f" (from {c.old_path})" if c.old_path else ""
+        moved = f" (from {printable(c.old_path)})" if c.old_path else ""
         code = "  (code)" if is_code(c.path) or (c.old_path and is_code(c.old_path)) else ""
-        lines.append(f"  {c.kind:<8} {c.path}{moved}  {counts}{code}")
+        lines.append(f"  {c.kind:<8} {printable(c.path)}{moved}  {counts}{code}")
     return "\n".join(lines)
 
 
-def confirm(changes: list[FileChange], yes: bool, interactive: bool, ask: Callable[[str], str] = input) -> None:
-    """Needs `--yes`, or "y" on a terminal, before code changed by a recorded diff runs."""
-    code = sorted({p for c in changes for p in (c.path, c.old_path) if p and is_code(p)})
-    if not code or yes:
+def confirm(
+    changes: list[FileChange],
+    yes: bool,
+    interactive: bool,
+    ask: Callable[[str], str] = input,
+    *,
+    commit: str | None = None,
+    kept: Path | None = None,
+) -> None:
+    """Needs `--yes`, or "y" on a terminal, before code changed by a recorded diff runs, or the code
+    of a `commit` that no trusted ref holds; `kept` names the folder where the diffs stay to read."""
+    code = sorted({printable(p) for c in changes for p in (c.path, c.old_path) if p and is_code(p)})
+    why = []
+    if code:
+        more = f" and {len(code) - 5} more" if len(code) > 5 else ""
+        why.append(f"the recorded diffs change code ({', '.join(code[:5])}{more})")
+    if commit:
+        why.append(f"the commit {commit[:12]} is on no trusted branch or tag (its log is above)")
+    if not why or yes:
         return
-    shown = ", ".join(code[:5]) + (f" and {len(code) - 5} more" if len(code) > 5 else "")
-    question = f"the recorded diffs change code ({shown}); apply and run it? [y/N] "
-    if interactive and ask(question).strip().lower() in ("y", "yes"):
+    reason = " and ".join(why)
+    if interactive and ask(f"{reason}; apply and run it? [y/N] ").strip().lower() in ("y", "yes"):
         return
-    raise CannotReproduce(f"the recorded diffs change code ({shown}): read them, then pass --yes to run them")
+    where = f" (the diffs are in {kept})" if kept is not None else ""
+    raise CannotReproduce(f"{reason}: read them, then pass --yes to run them{where}")
 
 
 def write_file(worktree: Path, rel: str, text: str) -> None:

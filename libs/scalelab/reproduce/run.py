@@ -30,6 +30,7 @@ no --yes, git or training failed).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -49,7 +50,9 @@ from scalelab.reproduce.guard import (
     check_patch,
     confirm,
     parse_diff,
+    safe_relative,
     summary,
+    untrusted_commit,
     verify_diff,
     write_file,
 )
@@ -117,14 +120,41 @@ def _download(client: Any, run_id: str, name: str, dest: Path) -> Path | None:
     return Path(client.download_artifacts(run_id, name, str(dest)))
 
 
-def write_params(client: Any, run_id: str, worktree: Path) -> None:
-    """The recorded config.json (every section, typed values) as the worktree's params.yaml."""
-    path = _download(client, run_id, "config.json", worktree.parent)
+def write_params(client: Any, run: Any, worktree: Path, out: Path) -> None:
+    """The recorded config.json as the worktree's params.yaml, once it is verified: its sha256 is the
+    run's `provenance.config.sha256`, and every value equals the run's logged params (which MLflow
+    never lets change). The job runs here (`train.launcher: local`), its SLURM folder under `out`."""
+    path = _download(client, run.info.run_id, "config.json", worktree.parent)
     if path is None:
         raise CannotReproduce("the run has no config.json artifact")
-    config = json.loads(path.read_text())
+    blob, recorded = path.read_bytes(), run.data.tags.get("provenance.config.sha256")
+    if recorded and hashlib.sha256(blob).hexdigest() != recorded:
+        raise CannotReproduce(
+            f"config.json has sha256 {hashlib.sha256(blob).hexdigest()}, but provenance.config.sha256 = {recorded}: "
+            "the stored config was changed"
+        )
+    config = json.loads(blob)
+    check_config(config, run.data.params, run.data.tags)
     config.get("tracking", {}).pop("run_id", None)
+    config["train"]["launcher"] = "local"
+    config.setdefault("slurm", {})["folder"] = str(out / "slurm")
     write_file(worktree, "params.yaml", yaml.safe_dump(config, sort_keys=False))
+
+
+def check_config(config: dict[str, Any], params: dict[str, str], tags: dict[str, str]) -> None:
+    """Every value of config.json (but the study's section, which training does not log) is the
+    logged param, or, for a key that may change on resume, its `resumed.<key>` tag."""
+    from scalelab.config import flatten
+    from scalelab.training.checkpoint import CADENCE_KEYS
+
+    for key, value in flatten({k: v for k, v in config.items() if k != "speedup"}).items():
+        logged = params.get(key)
+        resumed = key.split(".")[1] in CADENCE_KEYS and key.startswith("train.") and tags.get(f"resumed.{key}")
+        if logged != str(value) and resumed != str(value):
+            raise CannotReproduce(
+                f"config.json sets {key} = {short(str(value))}, but the run logged {short(str(logged))}: "
+                "the stored config was changed"
+            )
 
 
 def rerun(worktree: Path, data_dir: Path, out: Path, evaluate: bool) -> str:
@@ -170,7 +200,16 @@ def reproduce(run_id: str, *, data: str | None, keep: bool, rtol: float, atol: f
         why = old.data.tags.get("scalelab.not_reproducible", "its provenance is incomplete")
         raise CannotReproduce(f"run {run_id} was tagged not reproducible when it ran: {why}")
     root = repo_root()
-    data_dir = Path(data) if data else root / old.data.tags.get("data.path", "data/prepared")
+    recorded = old.data.tags.get("data.path", "data/prepared")
+    if not data:
+        try:
+            safe_relative(recorded, "data.path")
+        except CannotReproduce:
+            raise CannotReproduce(
+                f"data.path = {recorded!r} is not allowed: the run's data must be a relative path inside "
+                "the repository; pass --data FOLDER to name it"
+            ) from None
+    data_dir = Path(data) if data else root / recorded
     if not data_dir.is_dir():
         how = "--data" if data else f"the run's data.path {old.data.tags.get('data.path')!r} under {root}"
         raise CannotReproduce(
@@ -180,15 +219,29 @@ def reproduce(run_id: str, *, data: str | None, keep: bool, rtol: float, atol: f
     if any(c.status == "MISMATCH" for c in checks):
         return checks
     commit = check_commit(root, old.data.tags.get("git.commit", ""))
+    foreign = untrusted_commit(root, commit)
+    refused = False
     tmp = Path(tempfile.mkdtemp(prefix="scalelab-reproduce-"))
     worktree = tmp / "src"
     try:
         diffs = fetch_diffs(client, run_id, old.data.tags, tmp)
         print(f"will check out {commit}" + ("" if diffs else " (no recorded diff)"))
+        if foreign is not None:
+            print(f"commit {commit[:12]} is on no trusted branch or tag; what it adds to HEAD:\n{foreign}")
         for patch, changes in diffs:
             print(summary(patch.name, changes))
         sys.stdout.flush()
-        confirm([c for _, changes in diffs for c in changes], yes, sys.stdin.isatty() and sys.stderr.isatty())
+        try:
+            confirm(
+                [c for _, changes in diffs for c in changes],
+                yes,
+                sys.stdin.isatty() and sys.stderr.isatty(),
+                commit=commit if foreign is not None else None,
+                kept=tmp if diffs else None,
+            )
+        except CannotReproduce:
+            refused = bool(diffs)  # the downloaded diffs stay in `tmp` to be read
+            raise
         applied = checkout(root, commit, worktree, diffs)
         checks.append(
             Check(
@@ -198,7 +251,7 @@ def reproduce(run_id: str, *, data: str | None, keep: bool, rtol: float, atol: f
                 "match",
             )
         )
-        write_params(client, run_id, worktree)
+        write_params(client, old, worktree, tmp)
         evaluate = any(k.startswith("test_") for k in old.data.metrics)
         new_id = rerun(worktree, data_dir.resolve(), tmp / "results", evaluate)
         client.update_run(new_id, name=f"reproduce-{old.info.run_name}")
@@ -213,7 +266,7 @@ def reproduce(run_id: str, *, data: str | None, keep: bool, rtol: float, atol: f
     finally:
         if keep:
             print(f"kept the worktree and outputs in {tmp}", file=sys.stderr)
-        else:
+        elif not refused:
             subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=root, capture_output=True)
             shutil.rmtree(tmp, ignore_errors=True)
             subprocess.run(["git", "worktree", "prune"], cwd=root, capture_output=True)

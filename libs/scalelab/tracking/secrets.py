@@ -186,6 +186,21 @@ def redact(text: str) -> tuple[str, int]:
     return text, len(found)
 
 
+SECRET_KEY = re.compile(rf"(?:^|[._-])(?:{_NAMES})$", re.I)
+
+
+def mask_params(tree: object) -> object:
+    """Params (a nested dict, or a flat one with dotted keys) as the store may hold them: the value
+    of every key whose name says secret, password, token or key is masked whole, and credentials
+    inside any other string value are masked (`sweep.storage: postgresql://u:***@db/optuna`)."""
+    if isinstance(tree, dict):
+        secret = {k for k, v in tree.items() if SECRET_KEY.search(str(k)) and v not in ("", None)}
+        return {k: MASK if k in secret else mask_params(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [mask_params(v) for v in tree]
+    return redact(tree)[0] if isinstance(tree, str) else tree
+
+
 def mask_uri(uri: str) -> str:
     """A URI with the password part of its credentials masked (for messages and tags)."""
     return redact(uri)[0]

@@ -11,6 +11,8 @@ preemption stop) or FAILED (any other exception), after the buffered metrics are
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import logging
 import math
 import os
@@ -29,6 +31,7 @@ from scalelab.runtime.paths import repo_root
 from scalelab.runtime.signals import StopFlag
 from scalelab.runtime.timings import mark
 from scalelab.tracking import MlflowTracker, NullTracker, Tracker, UnsentMetrics, provenance, sysmetrics
+from scalelab.tracking.secrets import mask_params
 from scalelab.training import outputs, profiling, sampling, schedule, strategy, workloads
 from scalelab.training.best import Best
 from scalelab.training.checkpoint import Checkpointer, checkpoint_state, fingerprint, restore
@@ -119,7 +122,8 @@ def log_run_inputs(
     """Params of every stage, the seed ledger, provenance and the resolved config."""
     stages = {k: v for k, v in to_dict(params).items() if k != "speedup"}
     ledger = seeds.ledger(params.train.seed, env.world_size, params.train.num_workers, params.train.deterministic)
-    tracker.log_params({**flatten(stages), **seeds.ledger_params(ledger), "world_size": env.world_size})
+    logged = {**flatten(mask_params(stages)), **seeds.ledger_params(ledger), "world_size": env.world_size}
+    tracker.log_params(logged)  # no credential reaches the store (sweep.storage's password, a token)
     consumed = {"train": to_dict(params.train), "tracking": to_dict(params.tracking)}  # dvc.yaml: train
     known = recorded_hashes(read_manifest(data_dir))  # hashed by prepare; a 10 GB split is not read again
     tags, artifacts = provenance.collect(
@@ -129,7 +133,7 @@ def log_run_inputs(
         log.warning("run %s will not be reproducible: %s", tracker.run_id, tags["scalelab.not_reproducible"])
     tracker.set_tags(tags)
     tracker.log_dict(ledger, "seeds.json")
-    tracker.log_dict(to_dict(params), "config.json")
+    log_config(tracker, params)
     for name, text in artifacts.items():
         tracker.log_text(text, name)
 
@@ -139,12 +143,21 @@ def log_resumed_params(tracker: Tracker, params: Params) -> None:
     checkpoint fingerprint leaves them out). MLflow params cannot change, so the new values go to
     `resumed.<key>` tags and a new `config.json`."""
     logged = tracker.client.get_run(tracker.run_id).data.params
-    now = {k: str(v) for k, v in flatten({k: v for k, v in to_dict(params).items() if k != "speedup"}).items()}
+    stages = mask_params({k: v for k, v in to_dict(params).items() if k != "speedup"})
+    now = {k: str(v) for k, v in flatten(stages).items()}
     changed = {f"resumed.{k}": v for k, v in now.items() if k in logged and logged[k] != v}
     if changed:
         log.info("resuming run %s with %s", tracker.run_id, ", ".join(f"{k[8:]}={v}" for k, v in changed.items()))
         tracker.set_tags(changed)
-        tracker.log_dict(to_dict(params), "config.json")
+        log_config(tracker, params)
+
+
+def log_config(tracker: Tracker, params: Params) -> None:
+    """The resolved params as `config.json` (masked as the params are), with its sha256 as a tag:
+    `scalelab reproduce` builds its params.yaml from it and checks it first."""
+    text = json.dumps(mask_params(to_dict(params)), indent=2, sort_keys=True, default=str)
+    tracker.set_tags({"provenance.config.sha256": hashlib.sha256(text.encode()).hexdigest()})
+    tracker.log_text(text, "config.json")
 
 
 def run(
