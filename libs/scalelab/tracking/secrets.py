@@ -28,6 +28,7 @@ import bisect
 import fnmatch
 import math
 import re
+import string
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -75,13 +76,19 @@ _TOKENS = [
     ("jwt", r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
     ("bearer-token", r"\b[Bb]earer\s+[A-Za-z0-9\-._~+/]{20,}=*"),
     ("azure-account-key", r"(?i)\bAccountKey=[A-Za-z0-9+/]{40,}={0,2}"),
-    # a private key block up to its END line, or to the end of the text when that line is missing
-    (
-        "private-key",
-        r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----(?:.*?-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|.*\Z)",
-    ),
 ]
-TOKEN_RULES = [(rule, re.compile(pattern, re.S)) for rule, pattern in _TOKENS]
+TOKEN_RULES = [(rule, re.compile(pattern)) for rule, pattern in _TOKENS]
+# a private key block up to its END line, or to the end of the text when that line is missing
+PRIVATE_KEY = re.compile(
+    r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----(?:.*?-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|.*\Z)", re.S
+)
+# a line holds a secret only if it holds one of these (lower case): the other lines are not read
+SCREEN = (
+    *("akia", "asia", "a3t", "agpa", "aida", "aroa", "aipa", "anpa", "anva", "aiza", "github_pat_", "glpat-"),
+    *("gho_", "ghp_", "ghu_", "ghs_", "ghr_", "hf_", "xox", "npm_", "pypi-", "sk-", "sk_", "rk_", "eyj"),
+    *("bearer", "://", "pass", "pwd", "secret", "token", "credential", "key"),
+)
+ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 # scheme://user:password@host: the password is everything up to the last '@' of the word
 URL_PASSWORD = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s:/@'\"`]*:(?P<secret>[^\s'\"`]+)@(?=[^\s@/'\"`])")
 URL_TOKEN = re.compile(r"\bhttps?://(?P<secret>[A-Za-z0-9_\-]{20,})@(?=[^\s@/'\"`])")
@@ -148,7 +155,27 @@ def _is_secret_value(match: re.Match, flag: bool) -> bool:
     return len(value) >= 16 and entropy_bits(value) >= 3.0 and bool(re.search(r"\d", value))
 
 
+def _screened_lines(text: str) -> list[tuple[int, int]]:
+    """(start, end) of each line that holds a SCREEN word, in order (str.find: fast on megabytes)."""
+    lower, starts = text.translate(ASCII_LOWER), set()  # same length as text, whatever it holds
+    for word in SCREEN:
+        at = lower.find(word)
+        while at >= 0:
+            starts.add(lower.rfind("\n", 0, at) + 1)
+            eol = lower.find("\n", at)
+            at = lower.find(word, eol + 1) if eol >= 0 else -1
+    ends = [lower.find("\n", start) for start in sorted(starts)]
+    return [(start, end if end >= 0 else len(text)) for start, end in zip(sorted(starts), ends)]
+
+
 def _spans(text: str) -> list[tuple[str, int, int]]:
+    found = [("private-key", m.start(), m.end()) for m in PRIVATE_KEY.finditer(text)] if "PRIVATE KEY" in text else []
+    for start, end in _screened_lines(text):
+        found += [(rule, start + a, start + b) for rule, a, b in _line_spans(text[start:end])]
+    return found
+
+
+def _line_spans(text: str) -> list[tuple[str, int, int]]:
     found = [(rule, m.start(), m.end()) for rule, pattern in TOKEN_RULES for m in pattern.finditer(text)]
     for m in URL_PASSWORD.finditer(text):
         secret = m["secret"]
