@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ckpt-params", type=int, nargs="+", default=[10**5, 10**6, 10**7], help="parameter counts (about)"
     )
     parser.add_argument("--ckpt-ranks", type=int, nargs="+", default=[1, 2], help="world sizes")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="timed saves and loads per size (default: 3)")
 
 
 def gpt_config(params: int) -> dict[str, Any]:

@@ -63,7 +63,7 @@ print(json.dumps({"prepare_s": took, "base_kb": base, "peak_kb": status()['VmHWM
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes-mb", type=int, nargs="+", default=[10, 100, 1000], help="MB of text per size")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per size and arm (default: 3)")
     parser.add_argument("--steps", type=int, default=30, help="training steps per arm and repeat")
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2], help="num_workers of each arm")
     parser.add_argument("--batch-size", type=int, default=16, help="sequences per rank and step")

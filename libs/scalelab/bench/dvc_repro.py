@@ -55,7 +55,9 @@ RUNNING = re.compile(r"Running stage '([^']+)'")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repo", default=str(PACKAGE_ROOT), help="the repository to copy")
     parser.add_argument("--repeats", type=int, default=5, help="no-op repros")
-    parser.add_argument("--incremental-repeats", type=int, default=2)
+    parser.add_argument(
+        "--incremental-repeats", type=int, default=2, help="repros after a change of --param (default: 2)"
+    )
     parser.add_argument("--param", default="evaluate.batch_size", help="the int param to change")
     parser.add_argument("--stage", default="evaluate", help="the one stage that --param should rerun")
     parser.add_argument(

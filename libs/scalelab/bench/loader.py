@@ -46,8 +46,8 @@ TARGET_FRACTION = 0.05
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--params", default="params.yaml", help="the params to train with (default: params.yaml)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats of every arm (default: 5)")
     parser.add_argument("--epochs", type=int, default=4, help="epochs per arm and repeat")
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2], help="num_workers of each arm")
     pipeline.add_set_argument(parser)

@@ -62,18 +62,18 @@ CPU_SDPA = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to run (default: cpu)")
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="bf16: autocast")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per repeat")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--warmup-steps", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats (default: 5)")
+    parser.add_argument("--warmup-steps", type=int, default=2, help="untimed steps first (default: 2)")
     parser.add_argument("--batch", type=int, default=8, help="sequences per step")
     parser.add_argument("--seq", type=int, default=128, help="tokens per sequence")
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--d-model", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=2, help="transformer blocks (default: 2)")
+    parser.add_argument("--d-model", type=int, default=128, help="model width (default: 128)")
     parser.add_argument("--heads", type=int, default=0, help="0: d_model / 64 (at least 1)")
-    parser.add_argument("--vocab", type=int, default=512)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--vocab", type=int, default=512, help="vocabulary size, tokens (default: 512)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the random tokens (default: 0)")
     parser.add_argument("--peak-tflops", type=float, default=None, help="the device's peak, TFLOP/s (default: table)")
 
 

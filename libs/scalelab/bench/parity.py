@@ -66,11 +66,17 @@ class ParityError(RuntimeError):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--params", default="params.yaml", help="its `speedup` section is the workload")
-    parser.add_argument("--repeats", type=int, default=11)
+    parser.add_argument("--repeats", type=int, default=11, help="timed repeats of every arm (default: 11)")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per arm and repeat")
-    parser.add_argument("--warmup-steps", type=int, default=2)
+    parser.add_argument("--warmup-steps", type=int, default=2, help="untimed steps after the check (default: 2)")
     parser.add_argument("--check-steps", type=int, default=5, help="steps before the bitwise weight check")
-    parser.add_argument("--strategies", nargs="+", choices=["single", "ddp", "fsdp"], default=["single", "ddp", "fsdp"])
+    parser.add_argument(
+        "--strategies",
+        nargs="+",
+        choices=["single", "ddp", "fsdp"],
+        default=["single", "ddp", "fsdp"],
+        help="the strategies compared with their hand-written loops (default: all three)",
+    )
     parser.add_argument("--nproc", type=int, default=2, help="ddp processes")
     parser.add_argument("--batch-size", type=int, default=0, help="per rank; 0: speedup.batch_sizes[0]")
     parser.add_argument("--num-features", type=int, default=0, help="0: speedup.num_features")

@@ -39,8 +39,10 @@ ARMS = ("off", "on")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--params", default="params.yaml", help="the params to train with (default: params.yaml)")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="training runs per arm, profiler on and off (default: 3)"
+    )
     pipeline.add_set_argument(parser)
 
 

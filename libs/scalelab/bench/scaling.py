@@ -89,10 +89,19 @@ for csv in sys.argv[3:]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics", type=int, nargs="+", default=[1, 10, 100, 1000], help="metrics per step")
-    parser.add_argument("--tracking-steps", type=int, default=30)
-    parser.add_argument("--min-rows", type=int, default=1000)
+    parser.add_argument(
+        "--tracking-steps", type=int, default=30, help="logged steps per metric count and repeat (default: 30)"
+    )
+    parser.add_argument(
+        "--min-rows", type=int, default=1000, help="smallest data prepared, rows; x10 up to --max-rows (default: 1000)"
+    )
     parser.add_argument("--max-rows", type=int, default=100_000, help="10^6: the issue's full range")
-    parser.add_argument("--min-params", type=int, default=100_000)
+    parser.add_argument(
+        "--min-params",
+        type=int,
+        default=100_000,
+        help="smallest checkpoint, parameters; x10 up to --max-params (default: 100000)",
+    )
     parser.add_argument("--max-params", type=int, default=10_000_000, help="10^8: the issue's full range")
     parser.add_argument("--cells", type=int, nargs="+", default=[1, 2, 4, 8], help="study sizes (cells)")
     parser.add_argument(

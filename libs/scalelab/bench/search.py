@@ -48,8 +48,8 @@ ARMS = {  # name -> (method, pruner, space)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repo", default=str(PACKAGE_ROOT), help="the repository whose params.yaml is shrunk")
     parser.add_argument("--trials", type=int, default=len(GRID_LRS) * 2, help="the budget of every arm")
-    parser.add_argument("--parallel", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--parallel", type=int, default=2, help="local workers of every arm (default: 2)")
+    parser.add_argument("--epochs", type=int, default=4, help="train.epochs of every trial (default: 4)")
     parser.add_argument("--repeats", type=int, default=1, help="seeds per arm")
 
 

@@ -79,7 +79,12 @@ AFTER = [
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--params", default="params.yaml", help="the params to train with")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="timed runs of scalelab train, each paired with the hand-written script's (default: 3)",
+    )
     parser.add_argument("--epochs", type=int, default=0, help="override train.epochs (0: keep)")
     parser.add_argument("--strategy", default="", help="override train.strategy (empty: keep)")
     parser.add_argument("--no-tracking", action="store_true", help="tracking.enabled: false (tests)")

@@ -51,13 +51,18 @@ BENCHMARKS = {
 }
 
 
+OUT_HELP = "the folder for the benchmark's JSON file and summary.md (default: results/bench)"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="name", required=True)
     for name, module in BENCHMARKS.items():
         p = sub.add_parser(name, help=(module.__doc__ or "").split("\n")[0])
-        p.add_argument("--out", default="results/bench")
+        p.add_argument("--out", default="results/bench", help=OUT_HELP)
         module.add_arguments(p)
-    sub.add_parser("all", help="every benchmark with its defaults").add_argument("--out", default="results/bench")
+    sub.add_parser("all", help="every benchmark with its defaults").add_argument(
+        "--out", default="results/bench", help=OUT_HELP
+    )
 
 
 def run(args: argparse.Namespace) -> int:

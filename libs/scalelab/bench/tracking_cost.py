@@ -81,15 +81,22 @@ def _default_log_every() -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=300, help="timed steps per arm and repeat")
     parser.add_argument("--sync-steps", type=int, default=60, help="timed steps of the sync arm per repeat")
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--warmup-steps", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=7, help="timed repeats of every arm (default: 7)")
+    parser.add_argument("--warmup-steps", type=int, default=20, help="untimed steps before the repeats (default: 20)")
     parser.add_argument("--flush-every", type=int, default=50, help="steps between flushes (checkpoint cadence)")
-    parser.add_argument("--features", type=int, default=256)
-    parser.add_argument("--hidden", type=int, nargs="+", default=[256, 256])
+    parser.add_argument("--features", type=int, default=256, help="input features of the MLP trained (default: 256)")
+    parser.add_argument(
+        "--hidden", type=int, nargs="+", default=[256, 256], help="the MLP's hidden layer widths (default: 256 256)"
+    )
     parser.add_argument("--batch-size", type=int, default=128, help="start of the calibration")
     parser.add_argument("--target-step-ms", type=float, default=10.0, help="0: keep --batch-size")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--default-log-every", type=int, default=_default_log_every())
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads of the training (default: 1)")
+    parser.add_argument(
+        "--default-log-every",
+        type=int,
+        default=_default_log_every(),
+        help="steps between logs in the *_default arms (default: params.yaml's train.log_every_steps, else 10)",
+    )
     parser.add_argument("--stop-procs", type=int, default=2, help="gloo processes of the StopFlag arm (0: skip)")
     parser.add_argument("--stop-steps", type=int, default=200, help="steps per StopFlag arm and repeat")
     parser.add_argument(
@@ -98,7 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=SlurmConfig().stop_check_every_steps,
         help="steps between StopFlag checks (default: slurm.stop_check_every_steps' default)",
     )
-    parser.add_argument("--stop-repeats", type=int, default=7)
+    parser.add_argument("--stop-repeats", type=int, default=7, help="timed repeats of the StopFlag arms (default: 7)")
     parser.add_argument("--stop-batch", type=int, default=32, help="per-rank batch (train.batch_size)")
 
 

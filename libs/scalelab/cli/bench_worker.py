@@ -8,9 +8,9 @@ WORKERS = ("checkpoint", "loader", "parity", "stopflag")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", choices=WORKERS)
-    parser.add_argument("--spec", required=True)
-    parser.add_argument("--out", required=True)
+    parser.add_argument("name", choices=WORKERS, help="the benchmark this rank measures")
+    parser.add_argument("--spec", required=True, help="the measurement's spec (JSON file)")
+    parser.add_argument("--out", required=True, help="the JSON file rank 0 writes the figures to")
 
 
 def run(args: argparse.Namespace) -> int:

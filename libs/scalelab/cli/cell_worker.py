@@ -6,9 +6,9 @@ import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("kind", choices=["steps", "allreduce"])
-    parser.add_argument("--spec", required=True)
-    parser.add_argument("--out", required=True)
+    parser.add_argument("kind", choices=["steps", "allreduce"], help="what the cell measures")
+    parser.add_argument("--spec", required=True, help="the cell's spec (JSON file)")
+    parser.add_argument("--out", required=True, help="the JSON file rank 0 writes the figures to")
 
 
 def run(args: argparse.Namespace) -> int:

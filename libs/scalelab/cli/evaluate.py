@@ -6,10 +6,16 @@ import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--data", required=True)
-    parser.add_argument("--train", required=True)
-    parser.add_argument("--out", required=True)
+    parser.add_argument(
+        "--params", default="params.yaml", help="the params file; its evaluate.* section (default: params.yaml)"
+    )
+    parser.add_argument("--data", required=True, help="the prepared-data folder whose test split is scored")
+    parser.add_argument(
+        "--train", required=True, help="the training folder (scalelab train's --out) whose model is scored"
+    )
+    parser.add_argument(
+        "--out", required=True, help="the JSON file of test metrics to write (results/eval/metrics.json)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,8 +6,12 @@ import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--out", required=True)
+    parser.add_argument(
+        "--params", default="params.yaml", help="the params file; its data.* section (default: params.yaml)"
+    )
+    parser.add_argument(
+        "--out", required=True, help="the folder to write the prepared data and its manifest to (data/prepared)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

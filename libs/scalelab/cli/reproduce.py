@@ -6,7 +6,9 @@ import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_id")
+    parser.add_argument(
+        "run_id", help="the MLflow run id of the run to rerun (scalelab summary, the UI, sweep collect)"
+    )
     parser.add_argument("--data", help="the prepared-data folder (default: the run's data.path under the repo root)")
     parser.add_argument("--keep", action="store_true", help="keep the worktree and the new outputs")
     parser.add_argument(

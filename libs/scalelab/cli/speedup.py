@@ -6,8 +6,10 @@ import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--out", required=True)
+    parser.add_argument(
+        "--params", default="params.yaml", help="the params file; its speedup.* section (default: params.yaml)"
+    )
+    parser.add_argument("--out", required=True, help="the folder for speedup.json and speedup.md (results/speedup)")
     parser.add_argument("--cells", help="the per-cell cache (default: results/speedup/cells of the main repository)")
 
 

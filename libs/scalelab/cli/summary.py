@@ -8,7 +8,9 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--results", default="results")
+    parser.add_argument(
+        "--results", default="results", help="the results folder whose figures are read (default: results)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

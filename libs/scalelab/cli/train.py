@@ -9,9 +9,15 @@ EXIT_AT_ONCE = True  # on success the job's outputs are on disk and its run clos
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--data", required=True)
-    parser.add_argument("--out", required=True)
+    parser.add_argument(
+        "--params", default="params.yaml", help="the params file; its train.* section (default: params.yaml)"
+    )
+    parser.add_argument(
+        "--data", required=True, help="the prepared-data folder (scalelab prepare's --out: data/prepared)"
+    )
+    parser.add_argument(
+        "--out", required=True, help="the folder for model.pt, best.pt, metrics.json, run.json and checkpoints/"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

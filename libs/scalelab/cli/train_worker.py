@@ -10,8 +10,8 @@ EXIT_AT_ONCE = True  # on success this rank's work is on disk and its run closed
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resolved", required=True, help="the job's resolved.json")
-    parser.add_argument("--data", required=True)
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--data", required=True, help="the prepared-data folder")
+    parser.add_argument("--out", required=True, help="the job's output folder")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--params", default="params.yaml", help="its tracking.experiment is the one shown")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=5000)
+    parser.add_argument("--host", default="127.0.0.1", help="the address the UI listens on (default: 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=5000, help="the TCP port the UI listens on (default: 5000)")
     parser.add_argument("--print-only", action="store_true", help="print the address and exit; start nothing")
 
 

@@ -16,8 +16,12 @@ VALID = {"params": "valid"}  # constant on purpose (see above)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--out", required=True, help="written only when every section is valid")
+    parser.add_argument("--params", default="params.yaml", help="the params file to check (default: params.yaml)")
+    parser.add_argument(
+        "--out",
+        required=True,
+        help="the JSON file to write (results/validate.json in dvc.yaml); written only when every section is valid",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

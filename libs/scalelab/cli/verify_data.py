@@ -13,7 +13,9 @@ import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", default="data/prepared")
+    parser.add_argument(
+        "--data", default="data/prepared", help="the prepared-data folder to check (default: data/prepared)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -251,20 +251,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`scalelab sweep submit|status|collect`."""
     sub = parser.add_subparsers(dest="action", required=True)
     p = sub.add_parser("submit", help="validate, submit the job array, and return")
-    p.add_argument("--name", required=True)
-    p.add_argument("--params", default="params.yaml")
-    p.add_argument("--data", default="data/prepared")
-    p.add_argument("-S", "--set", action="append", required=True, metavar="KEY=SPACE")
+    p.add_argument(
+        "--name",
+        required=True,
+        help="the sweep's name: its folder results/sweeps/<name> and its MLflow parent run sweep-<name>",
+    )
+    p.add_argument(
+        "--params", default="params.yaml", help="the params file every element starts from (default: params.yaml)"
+    )
+    p.add_argument(
+        "--data",
+        default="data/prepared",
+        help="the prepared-data folder every element trains on (default: data/prepared)",
+    )
+    p.add_argument(
+        "-S",
+        "--set",
+        action="append",
+        required=True,
+        metavar="KEY=SPACE",
+        help="a params key and its values, repeated per key: a grid takes lists (train.lr=0.001,0.003), a search "
+        "also ranges (loguniform(1e-4,1e-1), int(0,200), ...); sweep.* and slurm.* keys set the submission (one value)",
+    )
     p.add_argument("--method", default="grid", help="grid (every combination), tpe or random (default: grid)")
     p.add_argument("--trials", type=int, help="the budget of trials (tpe, random; grid: the grid's size)")
     p.add_argument("--parallel", type=int, help="trials at once (default: sweep.array_parallelism)")
-    p.add_argument("--objective", default="val_loss:min", help="<validation metric>:min|max (default val_loss:min)")
+    p.add_argument(
+        "--objective",
+        default="val_loss:min",
+        help="<validation metric>:min|max that a search (or a local grid) optimises (default val_loss:min)",
+    )
     p.add_argument("--pruner", default="none", help="median, hyperband or none (default: none)")
-    for action in ("status", "collect"):
-        sub.add_parser(action).add_argument("--name", required=True)
+    for action, text in (
+        ("status", "each element's or trial's state"),
+        ("collect", "write summary.csv and print its table"),
+    ):
+        sub.add_parser(action, help=text).add_argument(
+            "--name", required=True, help="the sweep's name, as given to submit"
+        )
     w = sub.add_parser("worker")  # one local worker of a search (started by submit)
-    w.add_argument("--folder", required=True)
-    w.add_argument("--index", type=int, required=True)
+    w.add_argument("--folder", required=True, help="the search's folder (results/sweeps/<name>)")
+    w.add_argument("--index", type=int, required=True, help="this worker's number, 0 to --parallel - 1")
 
 
 def worker(args: argparse.Namespace) -> int:
