@@ -104,3 +104,38 @@ def test_a_search_on_postgresql_loses_no_trial_under_4_parallel_workers(workdir,
     assert len(trials) == 4 and {t.state for t in trials} == {optuna.trial.TrialState.COMPLETE}
     assert len({t.user_attrs["worker"] for t in trials}) > 1  # the 4 workers shared them
     assert not (workdir / "results/sweeps/pg/optuna.journal").exists()
+
+
+def test_a_local_grid_over_two_seeds_prints_the_best_trial_and_the_mean_per_setting(workdir, prepared_digits):
+    write_params(
+        workdir / "params.yaml",
+        tiny_params(
+            train={"strategy": "single", "nproc_per_node": 1, "optimizer": "sgd", "epochs": 1},
+            tracking={"system_metrics_interval_s": 0},
+            sweep={"launcher": "local", "evaluate": False},
+        ),
+    )
+    out = run_cli(
+        "sweep", "submit", "--name", "seeds", "--data", str(prepared_digits), "--parallel", "2",
+        "-S", "train.seed=0,1", "-S", "train.lr=0.01,0.1", cwd=workdir, timeout=600,
+    ).stdout  # fmt: skip
+    folder = workdir / "results/sweeps/seeds"
+    study = study_of(folder)
+    assert len(study.trials) == 4 and {t.state for t in study.trials} == {optuna.trial.TrialState.COMPLETE}
+    best = study.best_trial
+    line = f"best: trial {best.number}, val_loss = {best.value:.6g}, run {best.user_attrs['run_id']}"
+    assert line in out, out
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    assert client.get_run(best.user_attrs["run_id"]).data.tags["scalelab.trial"] == str(best.number)
+
+    collected = run_cli("sweep", "collect", "--name", "seeds", cwd=workdir).stdout  # a later collect says it too
+    assert line in collected and "run_id" in collected.splitlines()[0].split(), collected
+    summary = pd.read_csv(folder / "summary.csv")
+    assert all(run in collected for run in summary.run_id), collected
+    table = pd.read_csv(folder / "summary_by_setting.csv").set_index("param.train.lr")
+    assert sorted(table.index) == [0.01, 0.1] and list(table.n) == [2, 2], table
+    for lr, row in table.iterrows():
+        values = summary[summary["param.train.lr"] == lr].value
+        assert row.best_val_loss_mean == pytest.approx(values.mean())
+        assert row.best_val_loss_std == pytest.approx(values.std(ddof=1))
+    assert "per setting" in out and "summary_by_setting.csv" in out, out

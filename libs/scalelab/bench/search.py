@@ -82,7 +82,8 @@ def run_arm(work: Path, name: str, args: argparse.Namespace, seed: int, data: Pa
     import pandas as pd
 
     rows = pd.read_csv(folder / "results/sweeps/b/summary.csv")
-    values = [v for v in rows.value if isinstance(v, float) and math.isfinite(v)]
+    finished = rows.value[rows.state == "finished"]  # a pruned trial's value is where it stopped, not a result
+    values = [v for v in finished if isinstance(v, float) and math.isfinite(v)]
     return {
         "arm": name,
         "seed": seed,

@@ -17,8 +17,8 @@ A preempted element is requeued and resumes its trial, in the same run, from its
 results/sweeps/<name>/: manifest.json; optuna.journal (the study, when sweep.storage names no
 database); trials/<number>/ (the trial's job folder: trial.json, resolved.json, checkpoints,
 model.pt, run.json, metrics.json, heartbeat); workers/<i>/claim-<k>.json (the trial a worker's
-k-th round runs, read by every rank of a multi-task element); summary.csv, importance.csv and
-objective.png (from `collect`).
+k-th round runs, read by every rank of a multi-task element); summary.csv, summary_by_setting.csv
+(when train.seed is swept), importance.csv and objective.png (from `collect`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""`scalelab sweep collect` of a search: summary.csv, and once the budget is spent, the parent run's
-best trial, importance table and objective plot (scalelab.training.search runs the trials)."""
+"""`scalelab sweep collect` of a search: summary.csv (and summary_by_setting.csv when train.seed is
+swept), the best trial so far with its run id, and once the budget is spent, the parent run's best
+trial, importance table and objective plot (scalelab.training.search runs the trials)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,26 @@ from scalelab.tracking import MlflowTracker, tracking_uri
 from scalelab.training.pruning import load_study
 from scalelab.training.search import Search, info
 from scalelab.training.search_worker import fail_stale, lose
+from scalelab.training.sweep_table import BY_SETTING_FILE, best_line, by_setting, write_by_setting
+
+
+def reported_value(trial: Any) -> float | None:
+    """A trial's value as `sweep status` and summary.csv's `value` column show it: a finished
+    trial's objective (its best validation value), a pruned trial's last reported one (the
+    objective at the validation it was pruned at), else None."""
+    import optuna
+
+    if trial.state == optuna.trial.TrialState.COMPLETE:
+        return trial.value
+    if trial.state == optuna.trial.TrialState.PRUNED and trial.last_step is not None:
+        return trial.intermediate_values[trial.last_step]
+    return None
 
 
 def collect(search: Search) -> Any:
-    """summary.csv (one row per trial, with its state); once the budget is spent, the parent run
-    gets the best trial, the importance table and the objective plot, and ends FINISHED."""
+    """summary.csv (one row per trial, with its state, value and run id) and the best trial so far,
+    printed; once the budget is spent, the parent run gets the best trial, the importance table and
+    the objective plot, and ends FINISHED."""
     import optuna
     import pandas as pd
 
@@ -35,7 +51,7 @@ def collect(search: Search) -> Any:
             {
                 "trial": t.number,
                 "state": state,
-                "value": t.value if t.state == optuna.trial.TrialState.COMPLETE else None,
+                "value": reported_value(t),
                 **{
                     f"param.{k}": json.dumps(dims[k].value(v)) if dims[k].kind == "choice" else v
                     for k, v in t.params.items()
@@ -51,7 +67,16 @@ def collect(search: Search) -> Any:
     out = search.path("summary.csv")
     frame.to_csv(out, index=False)
     ended = sum(1 for t in trials if t.state.is_finished() and not t.user_attrs.get("lost"))
-    print(f"{frame.drop(columns=['run_id']).to_string(index=False, max_colwidth=60)}\n-> {out}")
+    print(f"{frame.to_string(index=False, max_colwidth=60)}\n-> {out}")
+    finished = frame.state == "finished" if len(frame) else None
+    table = by_setting(frame, "param.", {"value": f"best_{search.metric}"}, finished) if len(frame) else None
+    if table is not None:
+        print(write_by_setting(table, Path(search.folder)))
+    if any(t.state == optuna.trial.TrialState.COMPLETE for t in trials):  # the one the parent run gets
+        best = study.best_trial
+        print(best_line(f"trial {best.number}", search.metric, best.value, best.user_attrs.get("run_id")))
+    else:
+        print(best_line(None, search.metric, None, None))
     if ended >= search.trials or (trials and not any(t.state == optuna.trial.TrialState.RUNNING for t in trials)
                                   and _workers_done(search)):  # fmt: skip
         _finish_parent(search, study, frame)
@@ -112,11 +137,12 @@ def _finish_parent(search: Search, study: Any, frame: Any) -> None:
                 f"scalelab.best_{search.metric}": best.value,
             }
         )
-        print(f"best: trial {best.number}, {search.metric} = {best.value:.6g}, run {best.user_attrs.get('run_id')}")
     importance = search.path("importance.csv")
     _importance(study).to_csv(importance, index=False)
     parent.log_artifact(importance)
     parent.log_artifact(search.path("summary.csv"))
+    if search.path(BY_SETTING_FILE).is_file():
+        parent.log_artifact(search.path(BY_SETTING_FILE))
     if done:
         plot = search.path("objective.png")
         _plot(study, search, plot)

@@ -2,7 +2,7 @@
 
     scalelab sweep submit  --name lr-seed -S train.lr=0.001,0.003 -S train.seed=0,1
     scalelab sweep status  --name lr-seed
-    scalelab sweep collect --name lr-seed     # -> results/sweeps/lr-seed/summary.csv
+    scalelab sweep collect --name lr-seed     # -> results/sweeps/lr-seed/summary.csv, summary_by_setting.csv
     scalelab sweep submit  --name lr --method tpe --trials 40 --parallel 4 --pruner median \\
         -S 'train.lr=loguniform(1e-4,1e-1)'   # a search: scalelab.training.search
 
@@ -29,6 +29,7 @@ from scalelab.runtime.io import atomic_write_json
 from scalelab.tracking import MlflowTracker, tracking_uri
 from scalelab.training.outputs import RUN_MEANS
 from scalelab.training.submit import TrainJob, resolve
+from scalelab.training.sweep_table import BY_SETTING_FILE, best_line, by_setting, write_by_setting
 
 ROOT = Path("results/sweeps")
 SHAPE_KEYS = ("train.num_nodes", "train.nproc_per_node", "train.threads_per_process", "train.launcher")
@@ -108,7 +109,10 @@ def submit(args: argparse.Namespace) -> int:
         tags={"scalelab.kind": "sweep", "scalelab.sweep": args.name},
     )
     parent.log_params({"overrides": " ".join(args.set), "elements": len(elements)})
-    jobs, children, manifest = [], [], {"name": args.name, "parent_run_id": parent.run_id, "elements": []}
+    jobs, children = [], []
+    # the metric each element's best.pt follows ranks the elements in collect
+    manifest = {"name": args.name, "parent_run_id": parent.run_id, "metric": base.train.best_metric}
+    manifest.update(mode=base.train.best_mode, elements=[])
     from scalelab.training.search import abandoned_on_failure
 
     with abandoned_on_failure(parent, folder, children), ex.batch():
@@ -175,9 +179,10 @@ def status(args: argparse.Namespace) -> int:
     if found is not None:
         from scalelab.training.pruning import load_study
         from scalelab.training.search import info
+        from scalelab.training.search_collect import reported_value
 
-        for t in load_study(info(found)).get_trials(deepcopy=False):
-            print(f"trial {t.number:03d}  {t.state.name:<9}  {t.value!s:<12}  {t.params}")
+        for t in load_study(info(found)).get_trials(deepcopy=False):  # the value as summary.csv's `value`
+            print(f"trial {t.number:03d}  {t.state.name:<9}  {reported_value(t)!s:<12}  {t.params}")
         return 0
     for element in _manifest(args.name)["elements"]:
         print(f"{element['index']:03d}  {element['job_id']:>10}  {_job(element).state:<10}  {element['overrides']}")
@@ -197,7 +202,7 @@ METRICS = (
 )
 
 
-def _row(client: Any, element: dict[str, Any]) -> dict[str, Any]:
+def _row(client: Any, element: dict[str, Any], metric: str = "val_loss") -> dict[str, Any]:
     job = _job(element)
     state = job.state
     row = {
@@ -209,7 +214,8 @@ def _row(client: Any, element: dict[str, Any]) -> dict[str, Any]:
     }
     if state == "COMPLETED" and (Path(element["out"]) / "run.json").is_file():
         metrics = client.get_run(element["run_id"]).data.metrics
-        row.update(status="finished", **{k: metrics.get(RUN_MEANS.get(k, k)) for k in METRICS}, error="")
+        figures = {k: metrics.get(RUN_MEANS.get(k, k)) for k in (f"best_{metric}", *METRICS)}
+        row.update(status="finished", **figures, error="")
     elif slurm.has_ended(state):
         row.update(status="failed", error=slurm.error_line(job))
         if client.get_run(element["run_id"]).info.status in ("SCHEDULED", "RUNNING"):
@@ -220,7 +226,9 @@ def _row(client: Any, element: dict[str, Any]) -> dict[str, Any]:
 
 
 def collect(args: argparse.Namespace) -> int:
-    """Writes results/sweeps/<name>/summary.csv: one row per element, failed ones with their error."""
+    """Writes results/sweeps/<name>/summary.csv: one row per element (its MLflow run id, failed ones
+    with their error), and summary_by_setting.csv when train.seed is swept; prints both and the
+    best element by the params' train.best_metric (`best_<metric>`, its best validation value)."""
     import pandas as pd
     from mlflow import MlflowClient
 
@@ -231,20 +239,40 @@ def collect(args: argparse.Namespace) -> int:
         collect_search(found)
         return 0
     manifest = _manifest(args.name)
+    metric, mode = manifest.get("metric", "val_loss"), manifest.get("mode", "min")  # older manifests: the default
     client = MlflowClient(tracking_uri())
-    frame = pd.DataFrame([_row(client, e) for e in manifest["elements"]])
+    frame = pd.DataFrame([_row(client, e, metric) for e in manifest["elements"]])
     out = ROOT / args.name / "summary.csv"
     frame.to_csv(out, index=False)
-    shown = frame.drop(columns=["run_id"]).to_string(index=False, max_colwidth=80)
-    print(f"{shown}\n-> {out}")
+    print(f"{frame.to_string(index=False, max_colwidth=80)}\n-> {out}")
+    finished = frame.status == "finished"
+    figures = {k: k for k in (f"best_{metric}", *METRICS) if k in frame and frame[k][finished].notna().any()}
+    table = by_setting(frame, "override.", figures, finished)
+    if table is not None:
+        print(write_by_setting(table, out.parent))
+    print(_best(frame[finished], metric, mode))
     counts = frame.status.value_counts().to_dict()
     if counts.get("pending", 0) + counts.get("running", 0) == 0:
         parent = manifest["parent_run_id"]
         tracker = MlflowTracker.attach(parent)
         tracker.log_metrics({"finished": counts.get("finished", 0), "failed": counts.get("failed", 0)}, 0)
         tracker.log_artifact(out)
+        if table is not None:
+            tracker.log_artifact(out.parent / BY_SETTING_FILE)
         tracker.finish("FINISHED")
     return 0
+
+
+def _best(finished: Any, metric: str, mode: str) -> str:
+    """The best-line of the finished elements, by their best_<metric>."""
+    import pandas as pd
+
+    column = f"best_{metric}"
+    values = pd.to_numeric(finished[column], errors="coerce").dropna() if column in finished else pd.Series([])
+    if values.empty:
+        return best_line(None, metric, None, None)
+    row = finished.loc[values.idxmin() if mode == "min" else values.idxmax()]
+    return best_line(f"element {row['index']:03d}", metric, values[row.name], row["run_id"])
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -279,12 +307,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--objective",
         default="val_loss:min",
-        help="<validation metric>:min|max that a search (or a local grid) optimises (default val_loss:min)",
+        help="<validation metric>:min|max that a search (or a local grid) optimises (default val_loss:min); a grid "
+        "on SLURM ranks its elements by train.best_metric and train.best_mode instead",
     )
     p.add_argument("--pruner", default="none", help="median, hyperband or none (default: none)")
     for action, text in (
-        ("status", "each element's or trial's state"),
-        ("collect", "write summary.csv and print its table"),
+        ("status", "each element's or trial's state (a search: and its value)"),
+        ("collect", "write summary.csv (and summary_by_setting.csv over seeds); print them and the best trial"),
     ):
         sub.add_parser(action, help=text).add_argument(
             "--name", required=True, help="the sweep's name, as given to submit"
