@@ -9,7 +9,7 @@ import torch
 
 from helpers import run_cli, tiny_params, write_params
 from scalelab.runtime import seeds
-from scalelab.training.checkpoint import Checkpointer
+from scalelab.training.checkpoint import Checkpointer, CheckpointError
 
 MARKER = "/tmp/scalelab-pwned-marker"
 
@@ -47,9 +47,12 @@ def test_a_model_file_with_a_pickled_payload_is_refused_and_never_runs(workdir, 
     assert not os.path.exists(MARKER)  # the payload never ran
 
 
-def test_a_checkpoint_with_a_pickled_payload_is_skipped(tmp_path):
+def test_a_checkpoint_with_a_pickled_payload_stops_the_load_and_never_runs(tmp_path):
+    # not damage: an intact file that weights_only refuses stops the job with its cause (issue 28,
+    # fault 3), rather than a silent fall-back to an older checkpoint
     ckpt = Checkpointer(tmp_path, "fp")
     ckpt.save(1, {"w": torch.ones(2)})
     torch.save({"step": 2, "fingerprint": "fp", "x": Payload()}, ckpt.path(2))
-    state = ckpt.load_latest()
-    assert state["step"] == 1 and not os.path.exists(MARKER)
+    with pytest.raises(CheckpointError, match="intact but cannot be loaded: .*Unsupported global"):
+        ckpt.load_latest()
+    assert not os.path.exists(MARKER)

@@ -7,6 +7,7 @@ profile by `scalelab.launch.shape.check_shape`, before any process or job starts
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -16,6 +17,7 @@ from scalelab.config.loader import ConfigError, build, check_name, knob, read_ya
 from scalelab.config.strategies import STRATEGIES
 from scalelab.config.strategies import get as get_strategy
 
+CHECKPOINT_NAME = re.compile(r"^step-(\d{8})\.(pt|dcp)$")  # one checkpoint (training.checkpoint)
 StrategyName = Literal[tuple(STRATEGIES)]  # the registered strategies (config/strategies.py)
 Precision = Literal["fp32", "bf16", "fp16"]
 

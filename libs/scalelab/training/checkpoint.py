@@ -32,6 +32,8 @@ import logging
 import os
 import re
 import shutil
+import zipfile
+import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -39,15 +41,21 @@ from typing import Any
 import torch
 
 from scalelab.config import TrainConfig, to_dict
+from scalelab.config.schema import CHECKPOINT_NAME
 from scalelab.runtime import dist, seeds
 from scalelab.runtime.io import atomic_write_bytes, atomic_write_json, json_digest
 from scalelab.runtime.paths import stage_code_digest
 from scalelab.training import strategy
 from scalelab.training.loop import Loop
+from scalelab.training.plan import BEST_FILE  # beside the checkpoints: the best weights so far
 
 log = logging.getLogger(__name__)
-PATTERN = re.compile(r"^step-(\d{8})\.(pt|dcp)$")
+PATTERN = CHECKPOINT_NAME  # step-XXXXXXXX.pt (a file) or step-XXXXXXXX.dcp (a sharded folder)
 EXTRA_FILE = "extra.pt"  # in a sharded checkpoint: everything but the shards (written by rank 0)
+# checkpoints of another fingerprint, moved aside by `Checkpointer.claim` (and a move under way)
+STALE_PATTERN = re.compile(r"^stale-([0-9a-zA-Z]+)(-\d+)?$")
+MOVING_PATTERN = re.compile(r"^\.stale-([0-9a-zA-Z]+)\.moving$")
+KEEP_STALE = 2  # stale sets kept (the newest); older ones are removed, never the one resumed from
 # knobs that change neither the math nor the data order: a resume may differ in these
 CADENCE_KEYS = (
     "log_every_steps",
@@ -173,31 +181,94 @@ class Checkpointer:
         sharded = self.folder / f"step-{step:08d}.dcp"
         return sharded if sharded.is_dir() else self.folder / f"step-{step:08d}.pt"
 
-    def claim(self) -> str | None:
+    def claim(self, keep: Path | None = None) -> str | None:
         """Binds the folder to this fingerprint; returns the run id of an earlier try, if any.
 
-        A folder made under another fingerprint is cleared first: its checkpoints belong to
-        other params. Call on global rank 0 only, before the first step.
+        The checkpoints of another fingerprint (other params, data or code) are never resumed
+        from and never deleted: they are moved aside into `stale-<their fingerprint>/` inside the
+        folder, named in one log line, where `train.resume_from` can take them up. Of the stale
+        sets, the newest `KEEP_STALE` are kept, and `keep` (the one this job resumes from) too.
+        A finished job's checkpoints of this very fingerprint are removed: a rerun remakes them.
+        Call on global rank 0 only, before the first step.
         """
         meta = self.folder / "job.json"
-        if meta.is_file():
-            old = json.loads(meta.read_text())
-            if old.get("fingerprint") == self.fingerprint and not old.get("finished"):
-                return old.get("run_id")
-            # this job holds the output folder's lock (runtime.lock), so it owns what is in it
-            if old.get("fingerprint") == self.fingerprint:
-                log.info("run %s in %s finished: training anew into a new run", old.get("run_id"), self.folder)
-            else:
-                log.warning(
-                    "removing %d checkpoint(s) of fingerprint %s from %s: they were made with other params, "
-                    "data or code (this job's fingerprint is %s)",
-                    len(self.steps()),
-                    old.get("fingerprint"),
-                    self.folder,
-                    self.fingerprint,
-                )
-            shutil.rmtree(self.folder)
+        if not meta.is_file():
+            self._finish_moves()  # a move aside killed after it took job.json
+            return None
+        old = json.loads(meta.read_text())
+        if old.get("fingerprint") == self.fingerprint and not old.get("finished"):
+            return old.get("run_id")
+        # this job holds the output folder's lock (runtime.lock), so it owns what is in it
+        if old.get("fingerprint") == self.fingerprint:
+            log.info("run %s in %s finished: training anew into a new run", old.get("run_id"), self.folder)
+            for entry in self._own_entries():
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+            return None
+        found = self.steps()
+        moving = self.folder / f".stale-{old.get('fingerprint')}.moving"  # a move aside killed halfway
+        if not found and not (self.folder / BEST_FILE).exists() and not moving.exists():  # none saved yet
+            for entry in self._own_entries():
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+            return None
+        stale = self._move_aside(str(old.get("fingerprint")))
+        log.warning(
+            "moved %d checkpoint(s) of fingerprint %s (newest: step %d) to %s: they were made with other "
+            "params, data or code (this job's fingerprint is %s) and are not resumed; to go on from them "
+            "anyway, set train.resume_from: %s",
+            len(found),
+            old.get("fingerprint"),
+            found[0] if found else 0,
+            stale,
+            self.fingerprint,
+            stale,
+        )
+        self._prune_stale(keep)
         return None
+
+    def stale_sets(self) -> list[Path]:
+        """The checkpoint sets moved aside (`stale-<fingerprint>[-n]/`), newest first."""
+        if not self.folder.is_dir():
+            return []
+        found = [p for p in self.folder.iterdir() if p.is_dir() and STALE_PATTERN.match(p.name)]
+        return sorted(found, key=lambda p: (p.stat().st_mtime_ns, p.name), reverse=True)
+
+    def _own_entries(self) -> list[Path]:
+        """What the folder holds for its one fingerprint: everything but the stale sets."""
+        moving = MOVING_PATTERN.match
+        return [p for p in self.folder.iterdir() if not STALE_PATTERN.match(p.name) and not moving(p.name)]
+
+    def _move_aside(self, old: str) -> Path:
+        """Moves every checkpoint entry (job.json last) into `stale-<old>/`, by renames in one
+        filesystem: a move killed halfway is finished by the next claim, and nothing is lost."""
+        moving = self.folder / f".stale-{old}.moving"
+        moving.mkdir(exist_ok=True)  # an earlier, interrupted move of this set goes on
+        for entry in sorted(self._own_entries(), key=lambda p: p.name == "job.json"):
+            os.replace(entry, moving / entry.name)
+        return self._finish_move(moving, old)
+
+    def _finish_move(self, moving: Path, old: str) -> Path:
+        stale, n = self.folder / f"stale-{old}", 1
+        while stale.exists():  # the same fingerprint moved aside before: both sets are kept
+            n += 1
+            stale = self.folder / f"stale-{old}-{n}"
+        os.replace(moving, stale)
+        os.utime(stale)  # its age is when it was moved aside (stale_sets orders by it)
+        return stale
+
+    def _finish_moves(self) -> None:
+        if self.folder.is_dir():
+            for moving in self.folder.iterdir():
+                m = MOVING_PATTERN.match(moving.name)
+                if m and moving.is_dir():
+                    log.warning("finished moving %s aside: %s", moving.name, self._finish_move(moving, m.group(1)))
+
+    def _prune_stale(self, keep: Path | None) -> None:
+        """Removes the stale sets older than the newest `KEEP_STALE`, never `keep`."""
+        protected = keep.resolve() if keep is not None else None
+        for old in self.stale_sets()[KEEP_STALE:]:
+            if old.resolve() != protected:
+                log.info("removing %s: older than the newest %d checkpoint sets moved aside", old, KEEP_STALE)
+                shutil.rmtree(old)
 
     def record(self, run_id: str | None, finished: bool = False) -> None:
         """Ties the folder to this fingerprint and run; `finished` once the job wrote its outputs."""
@@ -260,14 +331,59 @@ class Checkpointer:
         return path
 
     def load_latest(self) -> dict[str, Any] | None:
-        """The newest checkpoint that loads and matches the fingerprint, or None."""
+        """The newest checkpoint that loads and matches the fingerprint, or None.
+
+        Only known damage is skipped, with a warning: a truncated or corrupt file (not a zip, or a
+        member failing its CRC), a sharded folder without its `extra.pt`. Anything else (a type
+        that `weights_only` refuses, a file that cannot be opened) stops the job with its cause,
+        rather than falling back to an older checkpoint or to step 0.
+
+        Raises:
+            CheckpointError: a checkpoint that is intact but cannot be loaded.
+        """
         for step in self.steps():
-            path = self.path(step)
-            try:
-                state = torch.load(path / EXTRA_FILE if path.is_dir() else path, map_location="cpu", weights_only=True)
-            except Exception as exc:  # a damaged file: fall back to an older one
-                log.warning("skipping unreadable checkpoint %s: %s", path, exc)
-                continue
-            if state.get("fingerprint") == self.fingerprint:
-                return {**state, "shards": str(path)} if path.is_dir() else state
+            state = read_checkpoint(self.path(step))
+            if state is not None and state.get("fingerprint") == self.fingerprint:
+                return state
         return None
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is not damaged but cannot be loaded: the job stops with the cause."""
+
+
+def read_checkpoint(path: Path) -> dict[str, Any] | None:
+    """One checkpoint (a `step-*.pt` file or a sharded `step-*.dcp` folder) on the CPU, tensors and
+    plain values only; None, with a warning, when it is damaged (see `Checkpointer.load_latest`)."""
+    file = path / EXTRA_FILE if path.is_dir() else path
+    if not file.is_file():
+        log.warning("skipping damaged checkpoint %s: %s is missing (the save never completed)", path, file.name)
+        return None
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        damage = zip_damage(file)
+        if damage is None:  # an intact file: the cause is systematic, and every older one has it too
+            raise CheckpointError(f"checkpoint {path} is intact but cannot be loaded: {cause(exc)}") from exc
+        log.warning("skipping damaged checkpoint %s: %s", path, damage)
+        return None
+    return {**state, "shards": str(path)} if path.is_dir() else state
+
+
+def cause(exc: BaseException) -> str:
+    """The line of an error that says what went wrong (torch's weights_only refusal puts it after
+    a paragraph of advice), without terminal colour codes."""
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(exc).splitlines()]
+    lines = [line for line in lines if line] or [type(exc).__name__]
+    return next((line for line in lines if "Unsupported global" in line), lines[0])
+
+
+def zip_damage(file: Path) -> str | None:
+    """What is wrong with the zip archive `torch.save` wrote, or None when every member reads back
+    with its CRC (the archive is intact)."""
+    try:
+        with zipfile.ZipFile(file) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, EOFError, zlib.error) as exc:
+        return f"not a readable zip archive ({exc})"
+    return None if bad is None else f"{bad} fails its CRC check"

@@ -33,6 +33,7 @@ from scalelab.runtime.signals import StopFlag, raise_on_sigterm
 from scalelab.tracking import tracking_uri
 from scalelab.tracking.secrets import mask_uri
 from scalelab.training import evaluation, job, workloads
+from scalelab.training.checkpoint import Checkpointer
 from scalelab.training.plan import RunPlan, read_resolved, write_resolved
 
 log = logging.getLogger(__name__)
@@ -119,8 +120,8 @@ class Interrupted(Exception):
         self.exit_status = 128 + signum  # 130 for Ctrl-C, as a shell reports it
         meta = Path(out_dir) / "checkpoints" / "job.json"
         run_id = json.loads(meta.read_text()).get("run_id") if meta.is_file() else None
-        steps = sorted(int(p.stem.split("-")[1]) for p in (Path(out_dir) / "checkpoints").glob("step-*.pt"))
-        where = f"resumes from step {steps[-1]}" if steps else "starts again from step 0 (no checkpoint yet)"
+        steps = Checkpointer(Path(out_dir) / "checkpoints", "").steps()  # full and sharded, newest first
+        where = f"resumes from step {steps[0]}" if steps else "starts again from step 0 (no checkpoint yet)"
         run = f"run {run_id} is {status or 'of unknown status (the tracking store did not answer)'}"
         run = run if run_id else "no MLflow run was open"
         super().__init__(f"{signal.Signals(signum).name}: {run}; rerun the same command (or `dvc repro`): it {where}")
