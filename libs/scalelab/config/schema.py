@@ -153,6 +153,11 @@ class TrainConfig:
     log_every_steps: int = knob(10, ge=1, doc="metrics are aggregated over this many steps")
     checkpoint_every_steps: int = knob(50, ge=1)
     keep_checkpoints: int = knob(2, ge=2)
+    resume_from: str = knob(
+        "",
+        doc="'': off; else a folder of checkpoints (e.g. results/train/checkpoints/stale-<fingerprint>, where "
+        "checkpoints of other params, data or code are moved) that a job with none of its own resumes from",
+    )
     async_checkpoint: bool = knob(False, doc="write checkpoints in a background thread, overlapping the next steps")
     collective_timeout_s: float = knob(
         300.0,
@@ -186,6 +191,12 @@ class TrainConfig:
             raise ConfigError(
                 f"{prefix}.nproc_per_node = {self.nproc_per_node} is not allowed "
                 f"with {prefix}.strategy = '{self.strategy}': set it to 1"
+            )
+        odd = any(c in self.resume_from for c in GLOB_CHARACTERS + "\n")
+        if odd or CHECKPOINT_NAME.match(Path(self.resume_from).name):
+            raise ConfigError(
+                f"{prefix}.resume_from = {self.resume_from!r} is not allowed: give '' (off) or the folder that holds "
+                "step-XXXXXXXX.pt or .dcp checkpoints, e.g. results/train/checkpoints/stale-<fingerprint>"
             )
         if self.num_nodes > 1 and self.launcher != "slurm":
             raise ConfigError(

@@ -41,6 +41,7 @@ from scalelab.training.loop import Loop, Optim, build_loop
 from scalelab.training.meter import Meter
 from scalelab.training.plan import RunPlan
 from scalelab.training.pruning import Pruning
+from scalelab.training.resume_from import load_resume_source, restore_resumed, resume_source
 
 log = logging.getLogger(__name__)
 PENDING_KEY = "pending_metrics"  # checkpoint entry: metrics not yet confirmed stored in MLflow
@@ -76,13 +77,19 @@ def run_name(params: Params, world_size: int, max_keys: int = 3) -> str:
 
 
 def open_tracker(
-    params: Params, env: dist.DistEnv, ckpt: Checkpointer, device: torch.device, data_dir: str | Path
+    params: Params,
+    env: dist.DistEnv,
+    ckpt: Checkpointer,
+    device: torch.device,
+    data_dir: str | Path,
+    resume_source: Path | None = None,
 ) -> Tracker:
-    """Rank 0 opens (or resumes) the job's MLflow run; every other rank gets a no-op tracker."""
+    """Rank 0 opens (or resumes) the job's MLflow run; every other rank gets a no-op tracker.
+    `resume_source` (train.resume_from) is kept when older checkpoint sets are pruned."""
     nodes = dist.all_gather_object(provenance.node_info())  # every rank: host name and GPUs
     tracker: Tracker = NullTracker()
     if env.is_main:
-        old_run = ckpt.claim()
+        old_run = ckpt.claim(keep=resume_source)
         if params.tracking.enabled:
             tags = {
                 "scalelab.kind": "train",
@@ -181,7 +188,8 @@ def run(
     )
     if env.is_main and t.profile.enabled:
         profiling.clear(out / "profile")  # an earlier run's traces must not be logged with this one
-    tracker = open_tracker(params, env, ckpt, device, data_dir)
+    source = resume_source(t.resume_from)
+    tracker = open_tracker(params, env, ckpt, device, data_dir, source)
     mark("run_created")  # the MLflow run with its params, tags and provenance artifacts
     monitor = sysmetrics.NodeMonitor(None)
     try:
@@ -189,7 +197,7 @@ def run(
             dist.broadcast_object(tracker.run_id), env, params.tracking.system_metrics_interval_s
         )
         mark("monitor_started")
-        summary = _train(params, plan, env, device, manifest, data_dir, out, ckpt, tracker, stop)
+        summary = _train(params, plan, env, device, manifest, data_dir, out, ckpt, tracker, stop, source)
     except BaseException as exc:
         monitor.stop()
         close(tracker, "KILLED" if isinstance(exc, (SystemExit, KeyboardInterrupt)) else "FAILED", out)
@@ -221,6 +229,7 @@ def _train(
     ckpt: Checkpointer,
     tracker: Tracker,
     stop: StopFlag | None,
+    source: Path | None = None,
 ) -> dict[str, Any]:
     train = params.train
     seq_len = workloads.seq_len(train.workload, train.model)
@@ -228,6 +237,9 @@ def _train(
     loader = RunLoader(data, plan, env, seed=train.seed, num_workers=train.num_workers)  # memory-mapped
     mark("data_loaded")
     state = ckpt.load_latest()
+    resumed_from = None  # train.resume_from's checkpoint, when this job starts from it
+    if state is None and source is not None:
+        state = resumed_from = load_resume_source(source, ckpt, env)
     wl, init_state = build_workload(params, manifest, env, resuming_shards=bool(state and "shards" in state))
     optim = Optim(name=train.optimizer, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)
     total, per_epoch, accum = plan.total_steps, plan.steps_per_epoch, plan.grad_accum_steps
@@ -252,10 +264,13 @@ def _train(
     best = Best(train.best_metric, train.best_mode, train.early_stop_patience)
     parts = {"best": best}  # the job's stateful parts beyond the loop's (Loop.stateful)
     best_weights = outputs.BestWeights(params, manifest, ckpt)
-    step = restore(state, loop, train.seed, env, parts)
+    if resumed_from is None:
+        step = restore(state, loop, train.seed, env, parts)
+        tracker.replay_metrics((state or {}).get(PENDING_KEY, []))  # those the killed try may not have stored
+    else:  # on purpose, from a checkpoint of other params, data or code (its metrics stay in its run)
+        step = restore_resumed(resumed_from, source, ckpt, loop, train.seed, env, parts, tracker)
     if state:  # the run says it went on from a checkpoint (the newest resume, if several)
         tracker.set_tags({"scalelab.resumed_from_step": step})
-    tracker.replay_metrics((state or {}).get(PENDING_KEY, []))  # those the killed try may not have stored
     meter = Meter(train.untimed_steps + step, plan.global_batch)
     windows = (state or {}).get(WINDOW_KEY, [])
     meter.load_window(windows[env.rank] if len(windows) == env.world_size else None, device)  # none at a new size

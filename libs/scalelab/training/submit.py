@@ -35,12 +35,14 @@ from scalelab.tracking.secrets import mask_uri
 from scalelab.training import evaluation, job, workloads
 from scalelab.training.checkpoint import Checkpointer
 from scalelab.training.plan import RunPlan, read_resolved, write_resolved
+from scalelab.training.resume_from import check_resume_from
 
 log = logging.getLogger(__name__)
 
 
-def plan_job(params: Params, data_dir: str | Path) -> RunPlan:
-    """Checks the data, the model and the plan, before anything is written or started.
+def plan_job(params: Params, data_dir: str | Path, out_dir: str | Path | None = None) -> RunPlan:
+    """Checks the data, the model, `train.resume_from` and the plan, before anything is written or
+    started (`out_dir`: the job's output folder, when known).
 
     Raises:
         ConfigError, DataError: naming what is wrong.
@@ -64,12 +66,13 @@ def plan_job(params: Params, data_dir: str | Path) -> RunPlan:
         raise DataError(
             f"{data_dir}: the {empty[0]} split holds no sample of train.model.seq_len = {wl.seq_len} tokens"
         )
+    check_resume_from(t.resume_from, out_dir)
     return RunPlan.of(t, splits["train"])
 
 
 def resolve(params: Params, data_dir: str | Path, out_dir: str | Path) -> Path:
     """`plan_job`, then writes `<out_dir>/resolved.json`; returns its path."""
-    return write_resolved(out_dir, params, plan_job(params, data_dir))
+    return write_resolved(out_dir, params, plan_job(params, data_dir, out_dir))
 
 
 def launch(params: Params, data_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
@@ -82,7 +85,7 @@ def launch(params: Params, data_dir: str | Path, out_dir: str | Path) -> dict[st
     else:
         profile = slurm.load_profile(params.slurm.profile)
         slurm.preflight(params, profile, tracking_uri())
-    plan = plan_job(params, data_dir)
+    plan = plan_job(params, data_dir, out_dir)
     with FolderLock(out_dir):  # one job per output folder, from here until every process has ended
         resolved = write_resolved(out_dir, params, plan)
         if t.launcher == "slurm":
