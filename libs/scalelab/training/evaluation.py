@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from scalelab.config import Params
+from scalelab.config import ConfigError, Params
 from scalelab.config.schema import SCORES
 from scalelab.data.store import Split, open_split, verify
 from scalelab.runtime import dist
@@ -83,6 +83,11 @@ def run(params: Params, data_dir: str | Path, train_dir: str | Path, out_file: s
     if not model_path.is_file():
         raise FileNotFoundError(f"{model_path} is missing; run `dvc repro train` first")
     wl, blob = load_model(model_path)  # tensors and plain values only: a pickled object in the file never runs
+    if params.evaluate.checkpoint == "best" and "best" in blob and blob["best"].get("value") is None:
+        raise ConfigError(  # train found none (training.outputs.no_best_reason)
+            f"evaluate.checkpoint = 'best' is not allowed for this training: {blob['best'].get('reason')} "
+            f"({model_path} holds the last weights); set evaluate.checkpoint: last"
+        )
     split = open_split(data_dir, "test", manifest, seq_len=wl.seq_len)
     scores = evaluate(wl.model, wl, split, dist.DistEnv(), torch.device("cpu"), params.evaluate.batch_size)
     scored = named(scores, split.kind, "test")

@@ -339,13 +339,12 @@ def _train(
     mark("last_step")
     if early_stop:
         log.info(
-            "early stop at step %d of %d: %s has not improved for %d validations (best %.6g at step %d)",
+            "early stop at step %d of %d: %s has not improved for %d validations (best %s)",
             step,
             total,
             best.metric,
             best.since_better,
-            best.value,
-            best.step,
+            f"{best.value:.6g} at step {best.step}" if best.value is not None else "none: no value was finite",
         )
     summary = {
         "step": step,
@@ -354,7 +353,7 @@ def _train(
         "stop_reason": "preempted" if stopped else "early_stop" if early_stop else "pruned" if pruned else "completed",
         "run_id": tracker.run_id,
         **meter.summary(),
-        "best_step": best.step,
+        "best_step": best.step if best.value is not None else None,  # None: no validation value was finite
         f"best_{best.metric}": best.value,
     }
     weights = strategy.model_state(loop.model)  # under fsdp gathered to rank 0 alone

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from scalelab.training.checkpoint import Checkpointer
 from scalelab.training.loop import Loop
 from scalelab.training.plan import BEST_FILE, METRICS_FILE, MODEL_FILE, RUN_FILE
 
+log = logging.getLogger(__name__)
 RUN_MEANS = {"samples_per_s": "mean_samples_per_s", "step_time_ms": "mean_step_time_ms"}  # MLflow keys, whole run
 
 
@@ -74,6 +76,14 @@ def weights_digest(state: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
+def no_best_reason(metric: str, summary: dict[str, Any]) -> str:
+    """Why a job that trained to its end has no best weights: no validation value was finite, or
+    it stopped before its first validation."""
+    if summary.get(f"best_{metric}") is None:
+        return f"no best weights: no validation gave a finite {metric} (or none ran)"
+    return f"no best weights: the weights of the best {metric} (step {summary.get('best_step')}) were not kept"
+
+
 def write_outputs(
     params: Params,
     weights: dict[str, torch.Tensor],
@@ -84,9 +94,17 @@ def write_outputs(
     env: dist.DistEnv,
 ) -> None:
     atomic_write_bytes(out / MODEL_FILE, model_file(params, weights, manifest))
-    atomic_write_bytes(out / BEST_FILE, (out / "checkpoints" / BEST_FILE).read_bytes())
+    kept = out / "checkpoints" / BEST_FILE
+    best_weights = None  # best.pt holds the best weights; else why it holds the last ones
+    if kept.is_file():
+        atomic_write_bytes(out / BEST_FILE, kept.read_bytes())
+    else:
+        best_weights = no_best_reason(params.train.best_metric, summary)
+        log.warning("%s: best.pt holds the last weights (step %d), marked as such", best_weights, summary["step"])
+        extra = {"best": {"metric": params.train.best_metric, "value": None, "step": None, "reason": best_weights}}
+        atomic_write_bytes(out / BEST_FILE, model_file(params, weights, manifest, extra))
     digests = summary["rank_weight_sha256"]
-    best_keys = [k for k in summary if k.startswith("best_")]
+    best_keys = [k for k in summary if k.startswith("best_") and summary[k] is not None]
     metrics = {k: summary[k] for k in ("samples_per_s", "step_time_ms", *best_keys) if k in summary}
     metrics["ranks_in_sync"] = float(len(set(digests)) == 1)
     atomic_write_json(out / METRICS_FILE, {**metrics, "steps": summary["step"]})
@@ -106,6 +124,7 @@ def write_outputs(
             "weights.sha256": digests[0],
             "weights.ranks_in_sync": str(len(set(digests)) == 1).lower(),
             "scalelab.stop_reason": summary["stop_reason"],
+            **({"scalelab.best_weights": best_weights} if best_weights else {}),
             **({"scalelab.pruned_step": summary["step"]} if summary["stop_reason"] == "pruned" else {}),
         }
     )
