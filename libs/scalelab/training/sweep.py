@@ -26,12 +26,20 @@ from scalelab.config.overrides import apply, expand, parse_overrides
 from scalelab.data.store import verify
 from scalelab.launch import slurm
 from scalelab.runtime.io import atomic_write_json
+from scalelab.runtime.paths import repo_root
 from scalelab.tracking import MlflowTracker, tracking_uri
 from scalelab.training.outputs import RUN_MEANS
 from scalelab.training.submit import TrainJob, resolve
 from scalelab.training.sweep_table import BY_SETTING_FILE, best_line, by_setting, write_by_setting
 
-ROOT = Path("results/sweeps")
+SWEEPS = "results/sweeps"  # under the workspace (runtime.paths.repo_root), whatever the working folder
+
+
+def sweeps_root() -> Path:
+    """Where sweeps live: results/sweeps of the workspace, never of the current directory."""
+    return repo_root() / SWEEPS
+
+
 SHAPE_KEYS = ("train.num_nodes", "train.nproc_per_node", "train.threads_per_process", "train.launcher")
 
 
@@ -83,7 +91,7 @@ def plan(params_file: str, raw: dict[str, Any], specs: list[str]) -> tuple[Param
 
 def submit(args: argparse.Namespace) -> int:
     check_name("--name", args.name)
-    folder = ROOT / args.name
+    folder = sweeps_root() / args.name
     if (folder / "manifest.json").exists():
         raise ConfigError(f"--name {args.name!r}: {folder} already holds a sweep; pick another name")
     raw, specs = settings(args.params, args.set)
@@ -149,11 +157,11 @@ def _child_run(base: Params, parent_id: str, name: str, index: int, overrides: d
 
 def _manifest(name: str) -> dict[str, Any]:
     check_name("--name", name)
-    path = ROOT / name / "manifest.json"
+    path = sweeps_root() / name / "manifest.json"
     if not path.is_file():
         raise ConfigError(
             f"--name {name!r}: {path} does not exist; sweeps: "
-            f"{', '.join(sorted(p.name for p in ROOT.glob('*'))) or 'none'}"
+            f"{', '.join(sorted(p.name for p in sweeps_root().glob('*'))) or 'none'}"
         )
     return json.loads(path.read_text())
 
@@ -171,7 +179,7 @@ def _search(name: str) -> Any:
         return None
     from scalelab.training import search
 
-    return search.Search.load(ROOT / name)
+    return search.Search.load(sweeps_root() / name)
 
 
 def status(args: argparse.Namespace) -> int:
@@ -242,7 +250,7 @@ def collect(args: argparse.Namespace) -> int:
     metric, mode = manifest.get("metric", "val_loss"), manifest.get("mode", "min")  # older manifests: the default
     client = MlflowClient(tracking_uri())
     frame = pd.DataFrame([_row(client, e, metric) for e in manifest["elements"]])
-    out = ROOT / args.name / "summary.csv"
+    out = sweeps_root() / args.name / "summary.csv"
     frame.to_csv(out, index=False)
     print(f"{frame.to_string(index=False, max_colwidth=80)}\n-> {out}")
     finished = frame.status == "finished"
