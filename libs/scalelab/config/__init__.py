@@ -1,5 +1,6 @@
 """Configuration: the strict loader (`loader`), the params.yaml schema (`schema`), the workload
-registry (`registry`), the strategies (`strategies`) and `-S key=value` overrides (`overrides`).
+registry (`registry`), the strategies (`strategies`), the optimizer and LR schedule names
+(`names`) and `-S key=value` overrides (`overrides`).
 
 Owns: turning YAML and command-line strings into frozen, validated dataclasses, with errors that
 name the key, the bad value and what is allowed. Imports nothing from scalelab outside this

@@ -14,11 +14,14 @@ from typing import Any, Literal
 
 from scalelab.config import registry
 from scalelab.config.loader import ConfigError, build, check_name, knob, read_yaml
+from scalelab.config.names import LR_SCHEDULES, OPTIMIZERS
 from scalelab.config.strategies import STRATEGIES
 from scalelab.config.strategies import get as get_strategy
 
 CHECKPOINT_NAME = re.compile(r"^step-(\d{8})\.(pt|dcp)$")  # one checkpoint (training.checkpoint)
 StrategyName = Literal[tuple(STRATEGIES)]  # the registered strategies (config/strategies.py)
+OptimizerName = Literal[tuple(OPTIMIZERS)]  # config/names.py
+LrScheduleName = Literal[tuple(LR_SCHEDULES)]  # config/names.py
 Precision = Literal["fp32", "bf16", "fp16"]
 
 MAX_SEED = 2**32 - 1  # NumPy and torch both take it
@@ -131,14 +134,14 @@ class TrainConfig:
     epochs: int = knob(30, ge=1)
     batch_size: int = knob(64, ge=1, doc="samples per rank per micro-step")
     grad_accum_steps: int = knob(1, ge=1)
-    optimizer: Literal["sgd", "adamw"] = knob("adamw")
+    optimizer: OptimizerName = knob("adamw", doc=" | ".join(OPTIMIZERS) + " (config/names.py)")
     lr: float = knob(3e-3, gt=0.0)
     momentum: float = knob(0.9, ge=0.0, lt=1.0)
     weight_decay: float = knob(0.0, ge=0.0)
     precision: Precision = knob("fp32")
     num_workers: int = knob(0, ge=0, doc="DataLoader worker processes per rank")
     untimed_steps: int = knob(5, ge=0, doc="first steps left out of throughput figures (not an LR warm-up)")
-    lr_schedule: Literal["constant", "cosine", "linear"] = knob(
+    lr_schedule: LrScheduleName = knob(
         "constant", doc="after lr_warmup_steps: constant, or a cosine or linear decay to lr * min_lr_ratio at the end"
     )
     lr_warmup_steps: int = knob(0, ge=0, doc="optimizer steps of linear LR warm-up from lr / lr_warmup_steps to lr")

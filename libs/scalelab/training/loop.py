@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from scalelab.config import names
 from scalelab.training import strategy, workloads
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -20,17 +21,26 @@ AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Optim:
-    """The optimizer of a loop: adamw or sgd with its hyper-parameters."""
+    """The optimizer of a loop: a name of `OPTIMIZERS` with its hyper-parameters. Any other name
+    is refused here (ConfigError), never built as another optimizer."""
 
     name: str = "sgd"
     lr: float = 1e-3
     momentum: float = 0.9  # sgd only
     weight_decay: float = 0.0
 
+    def __post_init__(self) -> None:
+        names.check("optimizer", self.name, names.OPTIMIZERS)
+
     def build(self, params) -> torch.optim.Optimizer:
-        if self.name == "adamw":
-            return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
-        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+        return OPTIMIZERS[self.name](self, params)
+
+
+# how each optimizer of config/names.py is built: the same keys (a test checks it)
+OPTIMIZERS: dict[str, Callable[[Optim, Any], torch.optim.Optimizer]] = {
+    "adamw": lambda o, params: torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay),
+    "sgd": lambda o, params: torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay),
+}
 
 
 @dataclass(kw_only=True)
