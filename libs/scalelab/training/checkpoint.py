@@ -11,10 +11,13 @@ file in the same folder and moved into place with os.replace. Under fsdp it is a
 
 Each carries a fingerprint of what decides the final weights: the train params, the data, the
 global batch and the code of every folder the DVC stage `train` depends on (dvc.yaml). A
-checkpoint made under other params, data or code is never resumed from; one made at another
-world size with the same global batch is (DCP reshards on load). `job.json` ties the folder to
-one fingerprint and one tracking run id, written before the first step, so a job killed before
-its first checkpoint still resumes into the same MLflow run. Once the job has written its
+checkpoint made under other params, data or code is never resumed from, and never deleted: the
+next job moves it aside into `stale-<fingerprint>/` (`Checkpointer.claim`), where
+`train.resume_from` may take it up on purpose (training.resume_from). One made at another world
+size with the same global batch is resumed (DCP reshards on load). Loading skips only known
+damage; a checkpoint that is intact but cannot be loaded stops the job (`CheckpointError`).
+`job.json` ties the folder to one fingerprint and one tracking run id, written before the first
+step, so a job killed before its first checkpoint still resumes into the same MLflow run. Once the job has written its
 outputs, `job.json` says `finished`: only an interrupted job resumes; a rerun of a finished one
 (another cadence, `dvc repro -f`, a new experiment) trains anew into a new run.
 
