@@ -89,3 +89,15 @@ def test_train_resume_from_without_a_checkpoint_is_refused_before_anything_start
     message = str(err.value)
     assert message.startswith(f"train.resume_from = {value!r} is not allowed: ") and problem in message, message
     assert f"{workdir / 'out/checkpoints/stale-abc'}" in message  # the sets that could be given
+
+
+def test_a_train_resume_from_folder_that_does_not_exist_stops_the_pipeline_at_validate(workdir, capsys):
+    from scalelab.cli import main
+
+    write_params(workdir / "params.yaml", tiny_params(train={"resume_from": "results/train/checkpoints/stale-abc"}))
+    # the validate stage runs before DVC removes the train stage's outputs: a bad value costs no result
+    assert main(["validate", "--params", str(workdir / "params.yaml"), "--out", str(workdir / "v.json")]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "train.resume_from = 'results/train/checkpoints/stale-abc' is not allowed: " in line, line
+    assert f"{workdir / 'results/train/checkpoints/stale-abc'} does not exist" in line, line
+    assert not (workdir / "v.json").exists()

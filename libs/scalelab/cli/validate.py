@@ -25,10 +25,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from scalelab.config import load_params
+    from scalelab.config import ConfigError, load_params
+    from scalelab.config.schema import resume_from_error, resume_from_problem
     from scalelab.runtime.io import atomic_write_json
+    from scalelab.runtime.paths import repo_root
 
-    load_params(args.params)
+    params = load_params(args.params)
+    problem = resume_from_problem(params.train.resume_from, repo_root())  # a folder the train stage needs
+    if problem is not None:
+        raise ConfigError(f"{args.params}: {resume_from_error(params.train.resume_from, problem, [])}")
     atomic_write_json(args.out, VALID)
     print(f"{args.params}: every section is valid")
     return 0

@@ -345,6 +345,31 @@ def parse_params(raw: Any, source: str) -> Params:
     return params
 
 
+def resume_from_problem(value: str, root: Path) -> str | None:
+    """What is wrong, on disk, with `train.resume_from = value` read from the workspace `root`: the
+    folder does not exist or holds no checkpoint; None when it is off or fine. Not part of
+    `parse_params` (a stage that only reads params must not fail once the folder is gone): the
+    validate stage and the train command's plan ask it, before anything starts."""
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    path = path if path.is_absolute() else root / path
+    if not path.is_dir():
+        return f"{path} " + ("does not exist" if not path.exists() else "is not a folder")
+    if not any(CHECKPOINT_NAME.match(p.name) for p in path.iterdir()):
+        return f"{path} holds no checkpoint (step-XXXXXXXX.pt or step-XXXXXXXX.dcp)"
+    return None
+
+
+def resume_from_error(value: str, problem: str, stale_sets: list[str]) -> str:
+    """The one-line refusal of `train.resume_from = value`, with the sets that could be given."""
+    allowed = ", ".join(stale_sets) if stale_sets else "results/train/checkpoints/stale-<fingerprint>"
+    return (
+        f"train.resume_from = {value!r} is not allowed: {problem}; give '' (off) or a folder of "
+        f"checkpoints moved aside: {allowed}"
+    )
+
+
 def check_best_metric(metric: str, data: DataConfig) -> None:
     """`train.best_metric` is one of the metrics validation logs for this kind of data."""
     allowed = [f"val_{score}" for score in SCORES[data.kind]]

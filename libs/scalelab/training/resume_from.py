@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.config import ConfigError
+from scalelab.config.schema import resume_from_error, resume_from_problem
 from scalelab.runtime import dist
 from scalelab.runtime.io import atomic_write_bytes
 from scalelab.runtime.paths import repo_root
@@ -107,15 +108,9 @@ def check_resume_from(value: str, out_dir: str | Path | None) -> None:
         return
     own = Path(out_dir) / "checkpoints" if out_dir is not None else None
     sets = [str(own / p.name) for p in Checkpointer(own, "").stale_sets()] if own is not None else []
-    allowed = "give '' (off) or a folder of checkpoints moved aside: " + (
-        ", ".join(sets) if sets else "<out>/checkpoints/stale-<fingerprint>"
-    )
     if own is not None and source.resolve() == own.resolve():
-        problem = "is this job's own checkpoint folder, which resumes by itself while the fingerprint matches"
-    elif not source.is_dir():
-        problem = "does not exist" if not source.exists() else "is not a folder"
-    elif not Checkpointer(source, "").steps():
-        problem = "holds no checkpoint (step-XXXXXXXX.pt or step-XXXXXXXX.dcp)"
+        problem = f"{source} is this job's own checkpoint folder, which resumes by itself while the fingerprint matches"
     else:
-        return
-    raise ConfigError(f"train.resume_from = {value!r} is not allowed: {source} {problem}; {allowed}")
+        problem = resume_from_problem(value, repo_root())
+    if problem is not None:
+        raise ConfigError(resume_from_error(value, problem, sets))
