@@ -1,4 +1,5 @@
-"""Checkpoints: atomic, pruned, fingerprinted; a damaged newest one falls back to an older one."""
+"""Checkpoints: atomic, pruned, fingerprinted; a damaged newest one falls back to an older one
+(tests/training/test_stale_checkpoints.py: those of another fingerprint, and what is not damage)."""
 
 import torch
 
@@ -27,7 +28,7 @@ def test_other_fingerprint_is_never_resumed(tmp_path):
     assert Checkpointer(tmp_path, "new", keep=2).load_latest() is None
 
 
-def test_claim_keeps_run_id_for_same_params_and_clears_others(tmp_path):
+def test_claim_keeps_run_id_for_same_params_and_moves_others_aside(tmp_path):
     folder = tmp_path / "ck"
     first = Checkpointer(folder, "fp1")
     assert first.claim() is None
@@ -36,4 +37,4 @@ def test_claim_keeps_run_id_for_same_params_and_clears_others(tmp_path):
     assert Checkpointer(folder, "fp1").claim() == "run-1"
     other = Checkpointer(folder, "fp2")
     assert other.claim() is None
-    assert other.steps() == []
+    assert other.steps() == [] and Checkpointer(folder / "stale-fp1", "fp1").steps() == [5]
