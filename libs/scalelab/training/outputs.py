@@ -1,6 +1,8 @@
 """What a training job leaves in results/train/: `model.pt` (the last weights), `best.pt` (the
-weights at the best `train.best_metric`, kept in checkpoints/ as training goes: `BestWeights`),
-`metrics.json` and `run.json`; and their figures and tags in the run. Global rank 0 writes them."""
+weights at the best `train.best_metric`, kept in checkpoints/ as training goes: `BestWeights`;
+when no validation gave a finite value, the last weights, marked with the reason, which
+`evaluate.checkpoint: best` refuses), `metrics.json` and `run.json`; and their figures and tags in
+the run. Global rank 0 writes them."""
 
 from __future__ import annotations
 
