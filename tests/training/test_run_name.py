@@ -7,7 +7,7 @@ import yaml
 
 from helpers import REPO
 from scalelab.config import parse_params
-from scalelab.training.job import run_name
+from scalelab.training.run_record import run_name
 
 
 def git(repo, *args):
