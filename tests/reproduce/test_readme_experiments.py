@@ -5,7 +5,8 @@ DVC rewrites params.yaml on any `-S`, so each experiment's run is dirty and its 
 a stored diff is applied by reproduce as it was recorded (a redactor that edited a comment in it,
 `tokens: data.source text`, made every such reproduce fail). The only change to the shipped file is
 `train.epochs` (30 -> 2, by text substitution, so every comment stays), and the commands name the
-`evaluate` stage as their target: the speedup study makes no training run.
+`train` stage as their target: evaluate and the speedup study make no training run. The queued
+commands run together (`dvc queue start -j 2`), as the README runs them.
 """
 
 from __future__ import annotations
@@ -64,41 +65,45 @@ def small_corpus(folder: Path, num_files: int = 12) -> None:
         shutil.copy(path, folder / path.name)
 
 
+QUEUED = [a for a in EXPERIMENTS if "--queue" in a]  # run together, as the README runs them
+GROUPS = [[a] for a in EXPERIMENTS if "--queue" not in a] + ([QUEUED] if QUEUED else [])
+
+
 def test_the_readme_commands_were_found():
     flat = [" ".join(a) for a in EXPERIMENTS]
     assert len(EXPERIMENTS) >= 6 and any("train.workload=gpt" in a for a in flat), flat
-    assert any("--queue" in a for a in EXPERIMENTS) and any("speedup.precisions" in a for a in flat), flat
+    assert len(QUEUED) >= 2 and any("speedup.precisions" in a for a in flat), flat
 
 
-@pytest.mark.parametrize("args", EXPERIMENTS, ids=[" ".join(a)[:60] for a in EXPERIMENTS])
-def test_a_readme_experiment_reproduces(tmp_path, args):
+@pytest.mark.parametrize("commands", GROUPS, ids=[" ; ".join(" ".join(a) for a in g)[:60] for g in GROUPS])
+def test_readme_experiments_reproduce(tmp_path, commands):
     repo = copy_repo(tmp_path / "repo")
     shipped = (repo / "params.yaml").read_text()
     shortened = re.sub(r"(?m)^(  epochs: )30\b", r"\g<1>2", shipped)
     assert shortened != shipped and "tokens: data.source text" in shortened  # the comment that broke it
     (repo / "params.yaml").write_text(shortened)
     subprocess.run([*GIT, "commit", "-qam", "2 epochs"], cwd=repo, check=True)
-    if any("data/raw/stdlib" in a for a in args):
+    if any("data/raw/stdlib" in a for args in commands for a in args):
         small_corpus(repo / "data/raw/stdlib")
 
-    run_cli("dvc", "exp", "run", *args, "evaluate", cwd=repo, timeout=900)
     client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
-    if "--queue" in args:
-        run_cli("dvc", "queue", "start", "-j", "1", cwd=repo)
+    for args in commands:  # the train stage as the target: evaluate and the study make no training run
+        run_cli("dvc", "exp", "run", *args, "train", cwd=repo, timeout=900)
+    if commands == QUEUED:
+        run_cli("dvc", "queue", "start", "-j", "2", cwd=repo)
         status = lambda: run_cli("dvc", "queue", "status", cwd=repo).stdout  # noqa: E731
         wait_for(lambda: "Queued" not in status() and "Running" not in status(), 900, "the queue", poll_s=3)
-        assert "Success" in status(), status()
-        name = args[args.index("-n") + 1]
-        (run,) = client.search_runs(
-            [client.get_experiment_by_name("scalelab").experiment_id],
-            f"tags.`dvc.exp_name` = '{name}' and tags.`scalelab.kind` = 'train'",
-        )
-        run_id = run.info.run_id
-        run_cli("dvc", "repro", "prepare", cwd=repo)  # its data, here: the queue ran in a copy
+        assert status().count("Success") == len(QUEUED), status()
+        experiment = client.get_experiment_by_name("scalelab").experiment_id
+        names = [args[args.index("-n") + 1] for args in QUEUED]
+        query = "tags.`scalelab.kind` = 'train' and tags.`dvc.exp_name` = '{}'"
+        run_ids = [client.search_runs([experiment], query.format(name))[0].info.run_id for name in names]
+        run_cli("dvc", "repro", "prepare", cwd=repo)  # their data, here: the queue ran in copies
     else:
-        run_id = json.loads((repo / "results/train/run.json").read_text())["run_id"]
-    tags = client.get_run(run_id).data.tags
-    assert tags["scalelab.reproducible"] == "true", tags.get("scalelab.not_reproducible")
-    assert tags["provenance.redactions"] == "0"  # nothing here is a secret
-    proc = run_cli("reproduce", run_id, "--yes", cwd=repo, check=False, timeout=900)
-    assert proc.returncode == 0 and "RESULT: match" in proc.stdout, f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+        run_ids = [json.loads((repo / "results/train/run.json").read_text())["run_id"]]
+    for run_id in run_ids:
+        tags = client.get_run(run_id).data.tags
+        assert tags["scalelab.reproducible"] == "true", tags.get("scalelab.not_reproducible")
+        assert tags["provenance.redactions"] == "0"  # nothing here is a secret
+        proc = run_cli("reproduce", run_id, "--yes", cwd=repo, check=False, timeout=900)
+        assert proc.returncode == 0 and "RESULT: match" in proc.stdout, f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
