@@ -389,3 +389,37 @@ def test_activation_checkpointing_answer_compares_each_ac_cell_with_its_twin(tmp
     assert "`ddp-w2-ac` peak 18.0 MiB per rank vs 30.0 MiB (`ddp-w2`, -40%) at 0.80x the throughput" in line, line
     assert "`single-t1-ac` peak 30.0 MiB per rank vs 30.0 MiB (`single-t1`, +0%)" in line, line
     assert frame.loc["ddp-w2-ac", "speedup"] == pytest.approx(0.8 * SPS["ddp-w2"] / SPS["single-t1"])  # vs single-t1
+
+
+def test_a_speedup_no_core_count_allows_is_invalid_and_no_headline_or_answer_states_it(tmp_path):
+    """The busy machine of issue 30: single-t1 measured while another process held a core, so ddp-w2
+    on 2 cores shows 5.35x and fsdp-w2 7.19x of it. Neither is a number anywhere; a cell within its
+    cores' ratio (single-t2: 1.6x on 2 cores) stays."""
+    from scalelab.cli.summary import summary
+
+    busy = {"single-t1": 300.0, "ddp-w2": 1605.0, "fsdp-w2": 2157.0}
+    cells, results = grid(busy)
+    frame, md = write(tmp_path, cells=cells, results=results)
+    assert frame.loc["ddp-w2", "status"] == "invalid" and frame.loc["fsdp-w2", "status"] == "invalid"
+    assert "machine busy: faster than 2x the cores or devices of single-t1 allow" in frame.loc["ddp-w2", "reason"]
+    assert np.isnan(frame.loc["ddp-w2", "speedup"]) and np.isnan(frame.loc["fsdp-w2", "efficiency"])
+    assert frame.loc["ddp-w2-b256", "status"] == "ok"  # its own twin (single-t1-b256) was measured fairly
+    head = json.loads((tmp_path / "speedup.json").read_text())
+    assert head["headline"].startswith("not measured:") and "rerun on an idle machine" in head["headline"]
+    assert "ddp_speedup" not in head and head["invalid_cells"] >= 3  # single-t2, ddp-w1 too: over 300 x 2.2
+    assert "7.19" not in md and "5.35x [" not in md and "Left out of every answer" in md
+    assert "fsdp-w2`" not in answer(md, 1)  # the fastest setup is a valid cell
+    assert "not measured:" in summary(_results_of(tmp_path))
+
+
+def _results_of(out):
+    """A results/ folder whose speedup/speedup.json is `out`'s (what `scalelab summary` reads)."""
+    results = out / "results"
+    (results / "speedup").mkdir(parents=True)
+    (results / "speedup/speedup.json").write_text((out / "speedup.json").read_text())
+    return results
+
+
+def test_fair_cells_on_the_machine_they_used_stay_valid():
+    frame = frame_of()
+    assert set(frame.status) == {"ok", "skipped"}, frame[["name", "status", "reason"]]

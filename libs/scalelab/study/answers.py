@@ -132,6 +132,13 @@ def memory_line(cfg: SpeedupConfig, frame: pd.DataFrame) -> str:
 
 
 def answers(cfg: SpeedupConfig, frame: pd.DataFrame, cross: pd.DataFrame) -> str:
+    invalid = frame[frame.status == "invalid"]
+    busy = (
+        f"Left out of every answer: {len(invalid)} cell(s) measured while other processes held the CPU "
+        f"({', '.join(invalid['name'])}: speedups no core count allows). Rerun on an idle machine.\n"
+        if len(invalid)
+        else ""
+    )
     lines = [
         f"1. Fastest setup: {fastest(frame)}.",
         f"2. Best strategy per world size (batch {cfg.batch_sizes[0]}, {cfg.precisions[0]}, "
@@ -145,4 +152,4 @@ def answers(cfg: SpeedupConfig, frame: pd.DataFrame, cross: pd.DataFrame) -> str
         lines.append(f"{len(lines) + 1}. What activation checkpointing saves: {checkpointing_saves(frame)}.")
     lines.append(f"{len(lines) + 1}. Crossover batch: {crossover_line(cross, cfg.scaling)}.")
     lines.append(f"{len(lines) + 1}. Memory per rank: {memory_line(cfg, frame)}.")
-    return "\n".join(lines)
+    return busy + "\n".join(lines)

@@ -66,6 +66,10 @@ COLUMNS = [
 ]
 MEMORY = ["peak_mem_bytes_per_rank", "param_bytes_per_rank", "grad_bytes_per_rank", "optim_bytes_per_rank"]
 NOISY_SPREAD = 0.10  # (max - min) / median of a cell's per-repeat samples/s above this: noisy
+# a cell faster than its single-process twin by more than the ratio of the cores (or devices) they
+# used, plus this margin, was not measured fairly: other load slowed the twin, not the cell
+BUSY_MARGIN = 0.10
+SPEEDUP_COLUMNS = [c for c in COLUMNS if c.startswith(("speedup", "efficiency"))]
 NAN = float("nan")
 
 
@@ -177,6 +181,46 @@ def table(cfg: SpeedupConfig, cells: list, results: dict[str, dict], link: comm_
     frame["break_even_steps"] = [break_even(frame, row) for _, row in frame.iterrows()]
     grad_bytes = grad_bytes_of(results)
     frame["predicted_efficiency"] = [_predicted(cfg, frame, row, link, grad_bytes) for _, row in frame.iterrows()]
+    return invalidate_impossible(frame)
+
+
+def resources(row: pd.Series) -> int:
+    """What a cell computes on: devices on CUDA, cores (processes x threads) on a CPU."""
+    return int(row.world_size) * (1 if row.device == "cuda" else int(row.threads_per_process))
+
+
+def impossible(frame: pd.DataFrame, row: pd.Series) -> str | None:
+    """Why `row`'s throughput cannot be true against the fewest-thread single process measured at
+    its batch, precision, compile and activation-checkpointing setting (its twin), or None."""
+    singles = measured_singles(frame)
+    twins = singles[
+        (singles.batch_size == row.batch_size)
+        & (singles.precision == row.precision)
+        & (singles["compile"].astype(bool) == bool(row["compile"]))
+        & (singles["activation_checkpointing"].astype(bool) == bool(row["activation_checkpointing"]))
+    ]
+    if row.status != "ok" or twins.empty or twins.iloc[0]["name"] == row["name"]:
+        return None
+    twin = twins.iloc[0]
+    ratio = resources(row) / resources(twin)
+    speedup = row.samples_per_s_median / twin.samples_per_s_median
+    if speedup <= (1 + BUSY_MARGIN) * ratio:
+        return None
+    return (
+        f"machine busy: faster than {ratio:g}x the cores or devices of {twin['name']} allow (over "
+        f"{(1 + BUSY_MARGIN) * ratio:.2f}x its throughput); rerun on an idle machine"
+    )
+
+
+def invalidate_impossible(frame: pd.DataFrame) -> pd.DataFrame:
+    """Cells whose speedup cannot be true become status `invalid` with the reason, and no speedup or
+    efficiency figure: the report, the headline, the answers and the runs state none for them."""
+    reasons = [impossible(frame, row) for _, row in frame.iterrows()]
+    bad = np.array([r is not None for r in reasons])
+    if bad.any():
+        frame.loc[bad, "status"] = "invalid"
+        frame.loc[bad, "reason"] = [r for r in reasons if r is not None]
+        frame.loc[bad, SPEEDUP_COLUMNS] = NAN
     return frame
 
 

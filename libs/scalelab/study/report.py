@@ -116,6 +116,15 @@ def batch_shown(batch: pd.DataFrame) -> pd.DataFrame:
 def headline(cfg: SpeedupConfig, frame: pd.DataFrame) -> dict[str, Any]:
     """The largest measured ddp cell's speedup and efficiency at the reference axes (DVC metrics)."""
     ref = reference(cfg, frame)
+    invalid = ref[ref.status == "invalid"]
+    if len(invalid):  # a busy machine: no number is stated, whichever cell it touched
+        return {
+            "headline": f"not measured: {len(invalid)} of {len(ref)} cells of the article's table had "
+            f"impossible speedups ({', '.join(invalid['name'])}: other processes took the CPU during the "
+            "study); rerun on an idle machine",
+            "baseline": cfg.baseline,
+            "scaling": cfg.scaling,
+        }
     ddp = ref[(ref.strategy == "ddp") & (ref.status == "ok")].sort_values("world_size")
     if ddp.empty:
         return {"headline": "no ddp cell was measured", "baseline": cfg.baseline, "scaling": cfg.scaling}
@@ -280,7 +289,7 @@ def write(
     preds = predictions(cfg, frame, grad_bytes)
     batch = batch_table(frame, results)
     cross = crossover(cfg, frame, batch, link, grad_bytes)
-    head = headline(cfg, frame)
+    head = {**headline(cfg, frame), "invalid_cells": int((frame.status == "invalid").sum())}
     if link is not None:
         head.update(allreduce_bandwidth_gb_s=link.bandwidth_b_s / 1e9, allreduce_latency_us=link.latency_s * 1e6)
     whole = {m: frame[m].round().astype("Int64") for m in MEMORY}  # bytes: whole numbers, empty when not measured

@@ -184,4 +184,8 @@ def run(params: Params, out_dir: str | Path, cells_dir: str | Path | None = None
     with FolderLock(folder, wait=True):  # another study measuring here: wait, then reuse its cells
         results = run_pending(params, cells, folder, keys)
         comm = measure_allreduce(params, cells, results, folder, code, hw)
-    return report.write(params, cells, results, comm, hw, out)
+        head = report.write(params, cells, results, comm, hw, out)
+        if head["invalid_cells"]:  # measured on a busy machine: none of these cells is kept for a rerun
+            for cell in cells:
+                cached_path(folder, cell.name, keys[cell.name]).unlink(missing_ok=True)
+    return head
