@@ -16,6 +16,7 @@ CPU) and the bytes of parameters, gradients and optimizer state this rank holds.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 import torch
 
 from scalelab.config import SpeedupConfig, build, strategies
-from scalelab.runtime import dist, memory, seeds
+from scalelab.runtime import dist, disturbance, memory, seeds
 from scalelab.runtime.device import setup_process
 from scalelab.runtime.repeats import repeat_totals, slowest_rank, timed_repeats
 from scalelab.training import strategy, workloads
@@ -90,10 +91,17 @@ def time_steps(spec: dict[str, Any]) -> dict[str, Any]:
     first_step_s = slowest_rank(repeat_totals(first["first"]))[0]
     for i in range(1, cfg.warmup_steps):
         loop.step([pool[i % 2]])
-    timed = timed_repeats(
-        {"steps": lambda i: loop.step([pool[i % 2]])}, repeats=cfg.repeats, steps=cfg.timed_steps, device=device
-    )
-    slowest = slowest_rank(repeat_totals(timed["steps"]))  # the slowest rank sets the pace
+    pids = dist.all_gather_object(os.getpid())  # ours: what the others took is the rest (rank 0's node)
+    totals, shares = [], []
+    for _ in range(cfg.repeats):  # one repeat at a time, with what other processes took during it
+        before = disturbance.snapshot(pids) if env.is_main else None
+        timed = timed_repeats(
+            {"steps": lambda i: loop.step([pool[i % 2]])}, repeats=1, steps=cfg.timed_steps, device=device
+        )
+        totals += repeat_totals(timed["steps"])
+        if env.is_main:
+            shares.append(disturbance.share(before, disturbance.snapshot(pids), os.cpu_count() or 1).as_dict())
+    slowest = slowest_rank(totals)  # the slowest rank sets the pace
     memory = _memory(loop, device, memory_base)
     num_params = sum(p.numel() for p in wl.model.parameters())  # whole tensors (a DTensor counts all)
     global_batch = batch * strategies.get(name).processes(world)
@@ -109,6 +117,7 @@ def time_steps(spec: dict[str, Any]) -> dict[str, Any]:
         "first_step_s": first_step_s,
         "compile_s": first_step_s - step_s if spec["compile"] else None,
         **memory,
+        "disturbance": shares,  # per repeat: others_cpu_share, steal_share, load_1m (rank 0's machine)
         "is_main": env.is_main,
     }
 

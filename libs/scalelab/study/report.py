@@ -118,10 +118,12 @@ def headline(cfg: SpeedupConfig, frame: pd.DataFrame) -> dict[str, Any]:
     ref = reference(cfg, frame)
     invalid = ref[ref.status == "invalid"]
     if len(invalid):  # a busy machine: no number is stated, whichever cell it touched
+        taken = frame.others_cpu_share_max.max()
+        took = f"up to {taken:.0%} of the CPU" if taken == taken else "the CPU"
         return {
             "headline": f"not measured: {len(invalid)} of {len(ref)} cells of the article's table had "
-            f"impossible speedups ({', '.join(invalid['name'])}: other processes took the CPU during the "
-            "study); rerun on an idle machine",
+            f"impossible speedups ({', '.join(invalid['name'])}): other processes took {took} during the "
+            "study; rerun on an idle machine",
             "baseline": cfg.baseline,
             "scaling": cfg.scaling,
         }
