@@ -234,3 +234,30 @@ def histories(run_id: str, uri: str | None = None) -> dict[str, list[tuple[int, 
     keys = client.get_run(run_id).data.metrics
     keys = sorted(k for k in keys if k not in TIMING_METRICS and not k.startswith("system/"))
     return {k: sorted((m.step, m.value) for m in client.get_metric_history(run_id, k)) for k in keys}
+
+
+def paired_bootstrap_ci(arm: list[float], reference: list[float], resamples: int, seed: int) -> tuple[float, float]:
+    """The benchmarks' stated interval, recomputed here from the raw repeats without their code: the
+    median over repeats of arm[i] / reference[i], whole repeats (pairs) resampled `resamples` times
+    with numpy's default generator from `seed`, the 2.5th and 97.5th percentiles (linear)."""
+    import statistics
+
+    import numpy as np
+
+    if len(arm) != len(reference) or not arm:
+        raise ValueError(f"unpaired repeats: {len(arm)} and {len(reference)}")
+    ratios = [a / r for a, r in zip(arm, reference)]
+    picks = np.random.default_rng(seed).integers(0, len(ratios), (resamples, len(ratios)))
+    medians = [statistics.median(ratios[i] for i in row) for row in picks.tolist()]
+    low, high = np.percentile(medians, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def summary_verdict(line: str) -> tuple[str, str, str, str]:
+    """(name, figure text, goal text, verdict) of a summary.md line `- name: figure; goal GOAL: VERDICT`,
+    the verdict exactly one of met, not met, not measured (an AssertionError otherwise)."""
+    import re
+
+    got = re.fullmatch(r"- ([^:]+): (.*); goal (.*): (met|not met|not measured)", line)
+    assert got, f"not a summary line with a verdict: {line!r}"
+    return got[1], got[2], got[3], got[4]

@@ -3,12 +3,13 @@ peak, the CUDA peak table, the summary line. No speed assertions."""
 
 import argparse
 import json
+import re
 import statistics
 
 import pytest
 import torch
 
-from helpers import REPO, run_cli
+from helpers import REPO, run_cli, summary_verdict
 from scalelab.bench import mfu, stats
 
 TINY = ["--batch", "2", "--seq", "32", "--layers", "2", "--d-model", "64", "--vocab", "128"]
@@ -23,6 +24,21 @@ def args(*extra: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     mfu.add_arguments(parser)
     return parser.parse_args([*TINY, *extra])
+
+
+def verdict_of(result: dict, line: str) -> str:
+    """summary.md's verdict for `mfu`, after checking that it is the JSON's MFU against the JSON's goal,
+    both as written in the line."""
+    _, text, goal, verdict = summary_verdict(line)
+    assert goal == f"MFU >= {100 * result['goal_mfu']:.0f}%" and 0 < result["goal_mfu"] < 1
+    if result["mfu"] is None:
+        assert verdict == "not measured" and result["meets_goal"] is None and "MFU null" in text
+        return verdict
+    written = re.search(r"; MFU ([0-9.]+)% of ", text)
+    assert written and written[1] == f"{100 * result['mfu']:.1f}", text
+    assert result["meets_goal"] == (result["mfu"] >= result["goal_mfu"])
+    assert verdict == ("met" if result["mfu"] >= result["goal_mfu"] else "not met")
+    return verdict
 
 
 def test_without_a_peak_it_records_flops_and_leaves_mfu_null(tmp_path):
@@ -49,7 +65,7 @@ def test_without_a_peak_it_records_flops_and_leaves_mfu_null(tmp_path):
     assert on_disk["mfu"] is None and on_disk["peak_tflops"] is None
     assert on_disk["mfu_reason"] == "peak FLOP/s unknown for this device; pass --peak-tflops"
     line = stats.read_summary(tmp_path)["mfu"]
-    assert line.endswith("goal MFU reported (no target on this workload): not measured") and "GFLOP/s" in line
+    assert verdict_of(on_disk, line) == "not measured" and "GFLOP/s" in line
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -64,7 +80,21 @@ def test_with_a_peak_mfu_is_achieved_over_peak(tmp_path):
     assert result["peak_tflops"] == 0.5 and result["peak_source"] == "--peak-tflops"
     assert result["mfu"] == pytest.approx(result["achieved_tflops"] / 0.5) and result["mfu_reason"] is None
     line = stats.read_summary(tmp_path)["mfu"]
-    assert line.endswith(": met") and "of 0.5 TFLOP/s" in line
+    assert verdict_of(result, line) in ("met", "not met") and "of 0.5 TFLOP/s" in line
+
+
+@pytest.mark.parametrize("fraction", [0.29, 0.31])
+def test_the_verdict_is_the_mfu_against_its_goal(tmp_path, monkeypatch, fraction):
+    # a measurement whose MFU against a 1 TFLOP/s peak is `fraction`: 1e12 FLOPs a step, 1 / fraction s a step
+    measured = {
+        "model": mfu.model_config(args()), "params": 1, "matmul_params": 1, "tokens_per_step": 64,
+        "flops_per_step_analytic": 10**12, "flops_per_step_counted": 10**12, "step_time_s": [1 / fraction],
+        "final_loss": 1.0, "device": torch.device("cpu"),
+    }  # fmt: skip
+    monkeypatch.setattr(mfu, "measure", lambda a: dict(measured))
+    result = mfu.run(args("--peak-tflops", "1"), tmp_path)
+    assert result["mfu"] == pytest.approx(fraction) and result["goal_mfu"] == 0.30
+    assert verdict_of(result, stats.read_summary(tmp_path)["mfu"]) == ("met" if fraction > 0.30 else "not met")
 
 
 @pytest.mark.parametrize(
