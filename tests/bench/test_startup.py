@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from helpers import REPO
+from helpers import REPO, summary_verdict
 from scalelab.bench import startup, stats
 from scalelab.cli import main
 from scalelab.runtime import timings
@@ -25,10 +25,17 @@ def test_startup_benchmark_times_every_phase_of_a_real_train_run(workdir):
     result = json.loads((out / "startup.json").read_text())
     assert result["benchmark"] == "startup" and "SCALELAB_TIMINGS" in result["method"]
     med = result["current"]["median_s"]
-    for name, _, _ in startup.BEFORE + startup.AFTER:
-        assert med[name] >= 0, name
-    # one repeat: its marks (s since the process start) are the figures
+    # one repeat: its marks (s since the process start) are the figures; each phase runs from its
+    # mark to the next, so they add up to the time before the first step and after the last
     marks = result["raw_marks_s"][0]
+    for name, a, b in startup.BEFORE + startup.AFTER:
+        assert med[name] == marks[b] - marks[a], name
+    assert sum(med[n] for n, _, _ in startup.BEFORE) == pytest.approx(med["to_first_step"])
+    assert sum(med[n] for n, _, _ in startup.AFTER) == pytest.approx(med["after_last_step"])
+    # a single run has no torchrun and no worker process (those phases are 0); every other phase took time
+    absent = {"plan_and_torchrun_start", "worker_imports"}
+    assert {n: med[n] for n in absent} == dict.fromkeys(absent, 0.0)
+    assert all(med[n] > 0 for n, _, _ in startup.BEFORE + startup.AFTER if n not in absent), med
     assert med["to_first_step"] == marks["first_step"] and med["wall"] == marks["end"] < elapsed_s  # our stopwatch
     assert med["steps"] == marks["last_step"] - marks["first_step"] > 0
     assert med["fixed"] == pytest.approx(marks["end"] - (marks["last_step"] - marks["first_step"]))
@@ -108,5 +115,9 @@ def test_startup_measures_scalelab_train_beside_the_handwritten_script(workdir):
         [mine], [theirs] = versus[figure]["scalelab_s"], versus[figure]["handwritten_s"]
         assert 0 < theirs and versus[figure]["median_ratio"] == pytest.approx(mine / theirs)
     summary = stats.read_summary(out)
-    assert summary["startup_vs_handwritten_wall"].endswith(("met", "not met"))
-    assert "hand-written" in summary["startup_vs_handwritten_first_step"]
+    for figure in ("wall", "first_step"):  # each verdict is its figure against its goal, as written beside it
+        ratio, goal = versus[figure]["median_ratio"], versus["goals"][figure]
+        name, text, goal_text, verdict = summary_verdict(summary[f"startup_vs_handwritten_{figure}"])
+        assert goal_text == f"<= {goal:.2f}" and f"hand-written torchrun script {figure.replace('_', ' ')} " in text
+        assert f" {ratio:.3f} (95% CI " in text
+        assert verdict == ("met" if ratio <= goal else "not met") and versus[figure]["met"] == (ratio <= goal)
