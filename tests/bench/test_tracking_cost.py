@@ -5,6 +5,7 @@ import statistics
 
 import pytest
 
+from helpers import paired_bootstrap_ci, summary_verdict
 from scalelab.bench import stats, stopflag_cost
 from scalelab.cli import main
 
@@ -51,17 +52,29 @@ def test_tracking_benchmark_writes_its_figures_method_and_summary_lines(workdir,
     assert result["overhead_pct"] == pytest.approx(100 * (statistics.median(ratios) - 1))
     assert result["meets_target"] == (statistics.median(ratios) <= 1.01) and result["target_overhead_ratio"] == 1.01
     assert result["steps_per_repeat"] == {"off": 12, "batched": 12, "off_default": 12, "batched_default": 12, "sync": 3}
-    for key in (
-        "overhead_ratio",
-        "amortized_overhead_ratio",
-        "sync_overhead_ratio",
-        "sync_log_metric_ms_median",
-        "writer_cpu_ms_per_step",
-        "writer_start_s",
-        "batched_drain_ms_median",
-        "in_thread_fraction_log_every_1",
-    ):
-        assert isinstance(result[key], float) and result[key] >= 0, key
+    # every other figure, recomputed from the raw figures beside it, or > 0 where 0 would mean unmeasured
+    means = result["repeat_mean_step_ms"]  # each repeat's mean step: the mean of equal repeats is the mean
+    assert {arm: len(means[arm]) for arm in ARMS} == dict.fromkeys(ARMS, 2)
+    assert result["mean_step_ms"] == pytest.approx({arm: statistics.fmean(means[arm]) for arm in ARMS})
+    amortized = statistics.median(b / o for b, o in zip(means["batched"], means["off"]))
+    assert result["amortized_overhead_ratio"] == pytest.approx(amortized)
+    assert result["sync_overhead_ratio"] == pytest.approx(
+        statistics.median(s / o for s, o in zip(reps["sync"], reps["off"]))
+    )
+    # one sync step holds 3 synchronous log_metric calls (train_loss, step_time_ms, samples_per_s)
+    assert 0 < result["sync_log_metric_ms_median"] < result["median_step_ms"]["sync"]
+    writer = {arm: 1000 * sum(result["raw_writer_cpu_s"][arm]) / (12 * 2) for arm in ("batched", "batched_default")}
+    assert [len(result["raw_writer_cpu_s"][arm]) for arm in writer] == [2, 2]
+    assert result["writer_cpu_ms_per_step_by_arm"] == pytest.approx(writer)
+    assert result["writer_cpu_ms_per_step"] == pytest.approx(writer["batched"])
+    assert result["writer_cpu_fraction_of_off_step"] == pytest.approx(
+        writer["batched"] / result["median_step_ms"]["off"]
+    )
+    assert result["writer_start_s"] > 0  # a writer process started and stored a first batch
+    drains = result["repeat_batched_drain_ms"]
+    assert len(drains) == 2 and min(drains) > 0  # each drain waits for the writer's answer
+    assert result["batched_drain_ms_median"] == pytest.approx(statistics.median(drains))
+    assert result["in_thread_fraction_log_every_1"] == result["in_thread"]["batched"]["fraction_of_off_step"]
     assert result["workload"]["batch_size"] == 8 and result["workload"]["strategy"] == "single"
     assert not [p for p in (workdir / "bench").iterdir() if p.name not in ("tracking_overhead.json", "summary.md")]
     # in-thread CPU, the A/B at both cadences with intervals, the StopFlag block, summary lines
@@ -78,12 +91,29 @@ def test_tracking_benchmark_writes_its_figures_method_and_summary_lines(workdir,
     ):
         ab, (arm, ref) = result["ab"][cadence], (reps[arms[0]], reps[arms[1]])
         assert ab["repeat_ratios"] == pytest.approx([a / r for a, r in zip(arm, ref)])
-        assert ab["ci95"][0] <= ab["median_ratio"] <= ab["ci95"][1]
+        assert ab["median_ratio"] == pytest.approx(statistics.median(ab["repeat_ratios"]))
+        # the interval, recomputed from the raw repeats by the stated method (not the benchmark's code)
+        boot = ab["bootstrap"]
+        assert boot["unit"] == "repeat (pair)" and boot["resamples"] >= 1000
+        assert ab["ci95"] == pytest.approx(list(paired_bootstrap_ci(arm, ref, boot["resamples"], boot["seed"])))
     assert set(result["writer_cpu_ms_per_step_by_arm"]) == {"batched", "batched_default"}
     assert result["stop_flag"] is None  # --stop-procs 0; measured in the test below
     lines = stats.read_summary(workdir / "bench")
     assert set(lines) == {"tracking_in_thread", "tracking_ab_every_step", "tracking_ab_default"}
-    assert lines["tracking_in_thread"].endswith(": met" if result["meets_in_thread_target"] else ": not met")
+    # each verdict is its figure against its goal, as the line writes both
+    fraction, goal = result["in_thread_fraction_log_every_1"], result["target_in_thread_fraction"]
+    _, text, goal_text, verdict = summary_verdict(lines["tracking_in_thread"])
+    assert f" = {100 * fraction:.3f}% of a " in text and goal_text == f"<= {100 * goal:.0f}%" and goal == 0.01
+    assert verdict == ("met" if fraction <= goal else "not met") and result["meets_in_thread_target"] == (
+        fraction <= goal
+    )
+    low, high = result["ab"]["log_every_default"]["ci95"]
+    _, text, goal_text, verdict = summary_verdict(lines["tracking_ab_default"])
+    assert f"(95% CI {100 * (low - 1):+.2f}% to {100 * (high - 1):+.2f}%)" in text and goal_text == "95% CI includes 0%"
+    assert verdict == ("met" if low <= 1 <= high else "not met") and result["meets_default_ab_target"] == (
+        low <= 1 <= high
+    )
+    assert summary_verdict(lines["tracking_ab_every_step"])[3] == "not measured"  # no goal of its own
 
 
 def test_stop_flag_cost_runs_two_gloo_ranks_and_reports_its_fraction(tmp_path):
@@ -98,8 +128,9 @@ def test_stop_flag_cost_runs_two_gloo_ranks_and_reports_its_fraction(tmp_path):
         ratio - 1
     )
     assert sf["plain_step_ms_median"] == pytest.approx(1000 * statistics.median(per_repeat["plain"]))
-    low, high = sf["ab_ratio"]["ci95"]
-    assert low <= ratio <= high
+    boot = sf["ab_ratio"]["bootstrap"]  # the interval, recomputed from the raw repeats by the stated method
+    expected = paired_bootstrap_ci(per_repeat["stop_flag"], per_repeat["plain"], boot["resamples"], boot["seed"])
+    assert sf["ab_ratio"]["ci95"] == pytest.approx(list(expected))
     call_fraction = sf["call_us_median"] / (1000 * sf["plain_step_ms_median"])
     assert sf["shows"] == (ratio - 1 > 0.01 or call_fraction > 0.01)
     advice = "raise slurm.stop_check_every_steps"
