@@ -1,9 +1,12 @@
 """`scalelab bench profiler` on a tiny training: the JSON's shape and the summary line (no speed)."""
 
 import json
+import statistics
 import time
 
-from helpers import REPO
+import pytest
+
+from helpers import REPO, paired_bootstrap_ci, summary_verdict
 from scalelab.bench import stats
 from scalelab.cli import main
 
@@ -11,7 +14,7 @@ TINY = [
     "--params",
     str(REPO / "params.yaml"),
     "--repeats",
-    "1",
+    "2",
     "--set",
     "train.epochs=1",
     "--set",
@@ -32,17 +35,31 @@ def test_profiler_benchmark_times_whole_runs_with_the_profiler_on_and_off(workdi
     assert result["benchmark"] == "profiler_overhead" and "alternating" in result["method"]
     assert result["train"]["strategy"] == "single" and result["train"]["epochs"] == 1
     on, off = result["runs"]["on"], result["runs"]["off"]
-    assert len(on) == len(off) == 1
-    assert on[0]["traces"] == 1 and on[0]["trace_bytes"] > 0  # the profiler really ran in `on` ...
-    assert off[0]["traces"] == 0  # ... and not in `off`
-    assert on[0]["steps"] == off[0]["steps"] > 0
-    assert (
-        0 < on[0]["wall_s"] and 0 < off[0]["wall_s"] and on[0]["wall_s"] + off[0]["wall_s"] < elapsed_s
-    )  # our stopwatch
-    assert result["median_ratio"] == on[0]["wall_s"] / off[0]["wall_s"]
-    assert result["ci95"][0] <= result["median_ratio"] <= result["ci95"][1]
-    assert on[0]["cpu_s"] > 0 and result["cpu_time"]["median_ratio"] == on[0]["cpu_s"] / off[0]["cpu_s"]
-    assert result["meets_target"] == (result["median_ratio"] <= 1.05)
-    line = stats.read_summary(workdir / "bench")["profiler_overhead"]
-    assert line.endswith(": met" if result["meets_target"] else ": not met") and "goal <= 1.05" in line
+    assert len(on) == len(off) == 2
+    assert all(r["traces"] == 1 and r["trace_bytes"] > 0 for r in on)  # the profiler really ran in `on` ...
+    assert all(r["traces"] == 0 for r in off)  # ... and not in `off`
+    assert len({r["steps"] for r in on + off}) == 1 and on[0]["steps"] > 0
+    wall = {arm: [r["wall_s"] for r in runs] for arm, runs in (("on", on), ("off", off))}
+    assert min(wall["on"] + wall["off"]) > 0 and sum(wall["on"] + wall["off"]) < elapsed_s  # our stopwatch
+    ratio = statistics.median(a / b for a, b in zip(wall["on"], wall["off"]))
+    assert result["median_ratio"] == pytest.approx(ratio)
+    # the intervals, recomputed from the raw repeats by the stated method: two repeats whose ratios
+    # differ give a real interval (their lowest and highest ratio), not [r, r]
+    boot = result["bootstrap"]
+    assert boot["unit"] == "repeat (pair)" and boot["resamples"] >= 1000
+    low, high = paired_bootstrap_ci(wall["on"], wall["off"], boot["resamples"], boot["seed"])
+    assert result["ci95"] == pytest.approx([low, high]) and low < high
+    cpu = {arm: [r["cpu_s"] for r in runs] for arm, runs in (("on", on), ("off", off))}
+    assert min(cpu["on"] + cpu["off"]) > 0
+    assert result["cpu_time"]["median_ratio"] == pytest.approx(
+        statistics.median(a / b for a, b in zip(cpu["on"], cpu["off"]))
+    )
+    assert result["cpu_time"]["ci95"] == pytest.approx(
+        list(paired_bootstrap_ci(cpu["on"], cpu["off"], boot["resamples"], boot["seed"]))
+    )
+    # the verdict: the figure against the goal, as the summary line writes both
+    assert result["meets_target"] == (ratio <= 1.05) and result["target_ratio"] == 1.05
+    _, text, goal, verdict = summary_verdict(stats.read_summary(workdir / "bench")["profiler_overhead"])
+    assert text.startswith(f"whole-run wall time profile on/off {result['median_ratio']:.3f} (95% CI ")
+    assert goal == "<= 1.05" and verdict == ("met" if ratio <= 1.05 else "not met")
     assert sorted(p.name for p in (workdir / "bench").iterdir()) == ["profiler_overhead.json", "summary.md"]
