@@ -115,6 +115,64 @@ def test_run_ending_in_an_exception_is_flushed_and_marked(
     assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 10, steps  # every step up to the error
 
 
+class Outage:
+    """The tracker's MlflowClient behind a server that is down for its next `calls` calls (each
+    refused as MLflow reports a refused connection), then back."""
+
+    def __init__(self, client, calls):
+        self.client, self.left, self.refused = client, calls, []
+
+    def __getattr__(self, name):
+        from mlflow.exceptions import MlflowException
+
+        attr = getattr(self.client, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            if self.left:
+                self.left -= 1
+                self.refused.append(name)
+                raise MlflowException(f"API request to .../{name} failed with exception ConnectionError: refused")
+            return attr(*args, **kwargs)
+
+        return call
+
+
+def test_a_store_that_goes_down_after_the_last_metrics_and_comes_back_gets_the_status(store, monkeypatch, tmp_path):
+    # the job's end when the server is killed (or restarted) just after its last metrics were
+    # stored: the tags, then the status are refused; the job waits for the store (the finish wait,
+    # here 600 s), does not spill them and exit 1
+    monkeypatch.setenv("SCALELAB_STORE_BACKOFF_S", "0.01")
+    tracker = tracking.MlflowTracker.open("t", run_name="r")
+    for step in range(1, 11):
+        tracker.log_metrics({"loss": 1.0 / step}, step)
+    tracker.flush()  # every metric stored
+    tracker.client = outage = Outage(tracker.client, calls=4)
+    tracker.set_tags({"weights.sha256": "ab12"})  # refused: kept for finish (outputs.write_outputs does this)
+    tracker.finish("FINISHED", spill_dir=tmp_path / "out")  # no UnsentMetrics
+    assert outage.refused == ["log_batch", "log_batch", "set_terminated", "log_batch"], outage.refused
+    run = store.get_run(tracker.run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["weights.sha256"] == "ab12"
+    assert [s for s, _ in history(store, tracker.run_id, "loss")] == list(range(1, 11))
+    assert not (tmp_path / "out").exists(), "spilled although the store came back within the finish wait"
+
+
+def test_a_store_that_stays_down_after_the_last_metrics_gets_the_status_from_the_file(store, monkeypatch, tmp_path):
+    # the same, but the store stays down for the whole finish wait: the status and tags are spilled
+    monkeypatch.setenv("SCALELAB_STORE_BACKOFF_S", "0.01")
+    monkeypatch.setenv("SCALELAB_FINISH_WAIT_S", "0.5")
+    tracker = tracking.MlflowTracker.open("t", run_name="r")
+    tracker.log_metrics({"loss": 1.0}, 1)
+    tracker.flush()
+    tracker.client = Outage(tracker.client, calls=10_000)
+    tracker.set_tags({"weights.sha256": "ab12"})
+    with pytest.raises(tracking.UnsentMetrics, match="its status FINISHED was not set, 1 tags"):
+        tracker.finish("FINISHED", spill_dir=tmp_path / "out")  # once the finish wait is spent
+    assert store.get_run(tracker.run_id).info.status == "RUNNING"
+    assert [p.name for p in (tmp_path / "out").iterdir()] == [f"unsent-metrics-{tracker.run_id}.json"]
+
+
 def test_the_finish_wait_and_the_store_back_off_are_settable_and_checked(monkeypatch):
     from scalelab.tracking.tracker import FINISH_WAIT_S, finish_wait_s
     from scalelab.tracking.writer import backoff_s

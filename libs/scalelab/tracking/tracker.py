@@ -246,13 +246,17 @@ class MlflowTracker(Tracker):
         """Stores what is buffered (waiting at most ~finish_wait_s() in all), then sets the status
         (None: leaves it). Metrics the store did not take, a status it could not set, and tags and
         artifacts it refused are written to `<spill_dir>/unsent-metrics-<run>.json` (default: this
-        folder) and `UnsentMetrics` names that file (scalelab.tracking.unsent): nothing is dropped."""
+        folder) and `UnsentMetrics` names that file (scalelab.tracking.unsent): nothing is dropped.
+
+        A store that took the metrics but then refuses the rest (a server killed or restarted at
+        that moment) is asked again with back-off until the finish wait is spent: a store that
+        blinks at the end of a run must not fail the job."""
         wait_s = finish_wait_s()
-        self._store_buffered(wait_s, deadline=time.monotonic() + wait_s)
+        deadline = time.monotonic() + wait_s
+        self._store_buffered(wait_s, deadline=deadline)
         unset = status
         if not self._metrics:  # the store answers (else spill at once, within the finish wait)
-            self._resend_refused()
-            unset = None if status is None or self._set_status(status, end_ms) else status
+            unset = self._store_the_rest(status, end_ms, deadline)
         if self._metrics or unset or self._unsent_tags or self._unsent_files:
             left = unsent.Unsent(self._metrics, unset, self._unsent_tags, self._unsent_files)
             self._metrics, self._unsent_tags, self._unsent_files = [], {}, {}
@@ -271,6 +275,23 @@ class MlflowTracker(Tracker):
             time.sleep(delay_s)
             if store(self.client, self.run_id, self._metrics, attempts=1):
                 self._metrics = []
+
+    def _store_the_rest(self, status: str | None, end_ms: int | None, deadline: float) -> str | None:
+        """The refused tags and artifacts, then the status, tried again with back-off (`backoff_s`)
+        until all are stored or the next try would pass `deadline`; returns the status if unset."""
+        attempt = 0
+        while True:
+            self._resend_refused()
+            if status is not None and self._set_status(status, end_ms):
+                status = None
+            if not (status or self._unsent_tags or self._unsent_files):
+                return None
+            delay_s = backoff_s(attempt)
+            if time.monotonic() + delay_s > deadline:
+                return status
+            log.warning("the tracking store refused the end of run %s; trying again in %.1f s", self.run_id, delay_s)
+            time.sleep(delay_s)
+            attempt += 1
 
     def _resend_refused(self) -> None:
         """One more try at the tags and artifacts the store refused during the run."""
