@@ -9,6 +9,7 @@ import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -105,28 +106,99 @@ def train_here(params: Any, data_dir: Path, out: Path, stop: Any = None) -> dict
     return job.run(params, plan, data_dir, out, stop=stop)
 
 
+# Where a failing test finds out why: the output of the process it waited on. A source is a file
+# (the process's stdout/stderr log, a server's log), a callable returning text (a reader thread's
+# lines so far, `dvc queue logs`, the newest SLURM logs: see `newest_logs`), or a list of sources.
+LogSource = str | Path | Callable[[], str] | Sequence["LogSource"]
+TAIL_CHARS = 4000  # of each source: the end of a traceback and the lines before it
+
+
+def output_tail(log: LogSource, num_chars: int = TAIL_CHARS) -> str:
+    """The last `num_chars` of each source in `log`, each under its name, for a failure message.
+    Never raises: a source that cannot be read says why in its place."""
+    if isinstance(log, (list, tuple)):
+        return "".join(output_tail(source, num_chars) for source in log)
+    name = getattr(log, "__qualname__", None) if callable(log) else str(log)
+    try:
+        text = log() if callable(log) else Path(log).read_text(errors="replace") if Path(log).is_file() else None
+    except Exception as exc:  # a failure message must not fail in its turn
+        text = f"(could not be read: {type(exc).__name__}: {exc})"
+    if text is None:
+        return f"\n--- {name}: no such file ---"
+    text = str(text)
+    cut = f"(... {len(text) - num_chars} characters before)\n" if len(text) > num_chars else ""
+    return f"\n--- {name} (last {min(len(text), num_chars)} characters) ---\n{cut}{text[-num_chars:]}"
+
+
+@contextlib.contextmanager
+def says_why(log: LogSource) -> Iterator[None]:
+    """Any exception raised inside (a failed assert, a Playwright timeout) carries the output tail
+    of `log` as a note, shown under the error in pytest's report."""
+    try:
+        yield
+    except Exception as exc:
+        exc.add_note(output_tail(log))
+        raise
+
+
+def log_of(label: str, read: Callable[[], str]) -> Callable[[], str]:
+    """A log source that `read` returns (e.g. a reader thread's lines so far), named `label` in a
+    failure message."""
+
+    def source() -> str:
+        return read()
+
+    source.__qualname__ = label
+    return source
+
+
+def newest_logs(folder: Path, *patterns: str, count: int = 4) -> Callable[[], str]:
+    """A log source: the newest `count` files under `folder` (recursively) that match any of
+    `patterns` (e.g. submitit's "*_log.err", "*_log.out"), each with its name, oldest first."""
+
+    def read() -> str:
+        found = {p for pattern in patterns for p in folder.rglob(pattern) if p.is_file()}
+        newest = sorted(found, key=lambda p: p.stat().st_mtime)[-count:]
+        if not newest:
+            return f"(no {' or '.join(patterns)} under {folder})"
+        return "".join(output_tail(p, TAIL_CHARS // len(newest)) for p in newest)
+
+    read.__qualname__ = f"the newest {' / '.join(patterns)} under {folder}"
+    return read
+
+
+def slurm_logs(workdir: Path, count: int = 4) -> Callable[[], str]:
+    """A log source: the newest SLURM job logs submitit wrote under `workdir`'s results/slurm/
+    (params.yaml's slurm.folder: `<job id>/<job id>_<task>_log.err` and `.out`)."""
+    return newest_logs(workdir / "results/slurm", "*_log.err", "*_log.out", count=count)
+
+
 def wait_for(
-    predicate: Any,
+    predicate: Callable[[], Any],
     timeout_s: float,
     what: str,
     proc: subprocess.Popen | None = None,
+    *,
+    log: LogSource,
     poll_s: float = 0.05,
-    log: str | Path | None = None,
 ) -> Any:
     """Polls `predicate` every `poll_s` and returns its first truthy value; fails naming `what` after
-    `timeout_s`, or at once when `proc` (if given) has ended first. A failure ends with the last
-    3000 characters of `log` (the process's stderr file, say), so CI's report says why."""
+    `timeout_s`, or at once when `proc` (if given) has ended first.
+
+    `log` is required: the output of whatever the test waits on (the job's stderr file, the
+    server's log, a callable returning the lines read so far; several in a list). A failure ends
+    with the last TAIL_CHARS of each, so CI's report says why, not only that it failed.
+    """
     import time
 
-    def tail() -> str:
-        return f"\n{log}:\n{Path(log).read_text()[-3000:]}" if log is not None and Path(log).is_file() else ""
-
+    if log is None or (isinstance(log, (list, tuple)) and not log):
+        raise TypeError("wait_for needs a log: the output of the process the test waits on")
     deadline = time.monotonic() + timeout_s
     while not (got := predicate()):
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"{proc.args[:3]} exited {proc.returncode} before {what}{tail()}")
+            raise AssertionError(f"{proc.args[:3]} exited {proc.returncode} before {what}{output_tail(log)}")
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}{tail()}")
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}{output_tail(log)}")
         time.sleep(poll_s)
     return got
 

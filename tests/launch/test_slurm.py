@@ -14,7 +14,7 @@ import torch
 import yaml
 from mlflow import MlflowClient
 
-from helpers import BIN, histories, run_cli, tiny_params, wait_for, write_params
+from helpers import BIN, histories, run_cli, says_why, slurm_logs, tiny_params, wait_for, write_params
 from scalelab.training.plan import read_resolved
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
@@ -92,14 +92,17 @@ def test_preemption_checkpoints_requeues_and_resumes_into_the_same_run(workdir, 
     train = {"epochs": 40, "log_every_steps": 25, "checkpoint_every_steps": 50, "keep_checkpoints": 100}
     write_params(workdir / "params.yaml", tiny_params(train={**train, **TWO_NODES}, slurm={"poll_interval_s": 1.0}))
     env = {**os.environ, **slurm_cluster, "PATH": f"{BIN}:{os.environ['PATH']}"}
-    proc = launch_train(workdir, prepared_digits, env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    log_path = workdir / "train.log"  # `scalelab train` streams the SLURM job's output here
+    with open(log_path, "w") as log:
+        proc = launch_train(workdir, prepared_digits, env, stdout=log, stderr=subprocess.STDOUT)
     ckpts = workdir / "out/checkpoints"
-    wait_for(lambda: list(ckpts.glob("step-*")), 180, "first checkpoint", proc)
+    wait_for(lambda: list(ckpts.glob("step-*")), 180, "first checkpoint", proc, log=[log_path, slurm_logs(workdir)])
     job_id = json.loads((workdir / "out/slurm.json").read_text())["job_id"]
     run_id = json.loads((ckpts / "job.json").read_text())["run_id"]
     subprocess.run(["scancel", "--signal=USR2", job_id], env=env, check=True)
-    log, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, log[-4000:]
+    with says_why([log_path, slurm_logs(workdir)]):
+        proc.wait(timeout=600)
+        assert proc.returncode == 0
     assert not (workdir / "out/model.pt").stat().st_size == 0
 
     history = subprocess.run(
@@ -160,28 +163,30 @@ def test_scancel_of_a_train_job_says_cancelled_and_closes_the_run(workdir, prepa
     env = {**os.environ, **slurm_cluster, "PATH": f"{BIN}:{os.environ['PATH']}"}
     with open(workdir / "train.out", "w") as out, open(workdir / "train.err", "w") as err:
         proc = launch_train(workdir, prepared_digits, env, stdout=out, stderr=err)
-    job_id = None
+    job_id, logs = None, [workdir / "train.err", slurm_logs(workdir)]
     try:
-        job_id = wait_for(lambda: json_key(workdir / "out/slurm.json", "job_id"), 180, "a job id", proc, log=err.name)
+        job_id = wait_for(lambda: json_key(workdir / "out/slurm.json", "job_id"), 180, "a job id", proc, log=logs)
         run_id = wait_for(
-            lambda: json_key(workdir / "out/checkpoints/job.json", "run_id"), 180, "an MLflow run", proc, log=err.name
+            lambda: json_key(workdir / "out/checkpoints/job.json", "run_id"), 180, "an MLflow run", proc, log=logs
         )
-        squeue = ["squeue", "-h", "-j", job_id, "-o", "%T"]
-        state = subprocess.run(squeue, env=env, capture_output=True, text=True).stdout.strip()
-        assert state == "RUNNING", state
-        client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
-        assert client.get_run(run_id).info.status == "RUNNING"
-        subprocess.run(["scancel", job_id], env=env, check=True)
-        proc.wait(timeout=120)
+        with says_why(logs):
+            squeue = ["squeue", "-h", "-j", job_id, "-o", "%T"]
+            state = subprocess.run(squeue, env=env, capture_output=True, text=True).stdout.strip()
+            assert state == "RUNNING", state
+            client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+            assert client.get_run(run_id).info.status == "RUNNING"
+            subprocess.run(["scancel", job_id], env=env, check=True)
+            proc.wait(timeout=120)
     finally:
         if proc.poll() is None:  # a failed assertion: leave no job behind
             proc.kill()
             if job_id:
                 subprocess.run(["scancel", job_id], env=env)
-    said = the_error_line(workdir / "train.err", proc)
-    assert "cancelled" in said and f"SLURM job {job_id} " in said, said
-    assert client.get_run(run_id).info.status in ("KILLED", "FAILED")
-    assert sacct_states(job_id, env, "CANCELLED")[job_id][0].startswith("CANCELLED")
+    with says_why(logs):
+        said = the_error_line(workdir / "train.err", proc)
+        assert "cancelled" in said and f"SLURM job {job_id} " in said, said
+        assert client.get_run(run_id).info.status in ("KILLED", "FAILED")
+        assert sacct_states(job_id, env, "CANCELLED")[job_id][0].startswith("CANCELLED")
 
 
 def test_speedup_study_cells_run_as_slurm_jobs_across_two_nodes(workdir, slurm_cluster):
@@ -264,27 +269,33 @@ def test_a_job_past_its_time_limit_ends_its_run_killed_not_running(workdir, prep
     env = {**os.environ, **slurm_cluster, "PATH": f"{BIN}:{os.environ['PATH']}"}
     with open(workdir / "train.out", "w") as out, open(workdir / "train.err", "w") as err:
         proc = launch_train(workdir, prepared_digits, env, stdout=out, stderr=err)
-    job_id = None
+    job_id, logs = None, [workdir / "train.err", slurm_logs(workdir)]
     try:
-        job_id = wait_for(lambda: json_key(workdir / "out/slurm.json", "job_id"), 180, "a job id", proc, log=err.name)
+        job_id = wait_for(lambda: json_key(workdir / "out/slurm.json", "job_id"), 180, "a job id", proc, log=logs)
         run_id = wait_for(
-            lambda: json_key(workdir / "out/checkpoints/job.json", "run_id"), 180, "an MLflow run", proc, log=err.name
+            lambda: json_key(workdir / "out/checkpoints/job.json", "run_id"), 180, "an MLflow run", proc, log=logs
         )
-        wait_for(lambda: list((workdir / "out/checkpoints").glob("step-*")), 180, "a first checkpoint", proc)
-        pause_until(job_tasks(workdir), job_start(job_id, env) + 80)  # idle, not spinning, until the signal nears
-        proc.wait(timeout=300)
+        ckpts = workdir / "out/checkpoints"
+        wait_for(lambda: list(ckpts.glob("step-*")), 180, "a first checkpoint", proc, log=logs)
+        with says_why(logs):
+            pause_until(job_tasks(workdir), job_start(job_id, env) + 80)  # idle, not spinning, until the signal nears
+            proc.wait(timeout=300)
     finally:
         if proc.poll() is None:  # a failed assertion: leave no job behind
             proc.kill()
             if job_id:
                 subprocess.run(["scancel", job_id], env=env)
-    said = the_error_line(workdir / "train.err", proc)
-    assert f"SLURM job {job_id} hit its 2 min time limit" in said and "slurm.max_timeouts = 0" in said, said
-    assert sacct_states(job_id, env, "TIMEOUT")[job_id][0] == "TIMEOUT"
-    history = subprocess.run(
-        ["sacct", "-D", "-j", job_id, "-X", "-n", "-P", "-o", "JobID,State"], env=env, capture_output=True, text=True
-    ).stdout
-    assert "REQUEUED" not in history and "PREEMPTED" not in history, history  # no requeue was left
-    run = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}").get_run(run_id)
-    assert run.info.status == "KILLED", run.info.status  # never RUNNING
-    assert list((workdir / "out/checkpoints").glob("step-*")), "no checkpoint for a rerun to resume from"
+    with says_why(logs):
+        said = the_error_line(workdir / "train.err", proc)
+        assert f"SLURM job {job_id} hit its 2 min time limit" in said and "slurm.max_timeouts = 0" in said, said
+        assert sacct_states(job_id, env, "TIMEOUT")[job_id][0] == "TIMEOUT"
+        history = subprocess.run(
+            ["sacct", "-D", "-j", job_id, "-X", "-n", "-P", "-o", "JobID,State"],
+            env=env,
+            capture_output=True,
+            text=True,
+        ).stdout
+        assert "REQUEUED" not in history and "PREEMPTED" not in history, history  # no requeue was left
+        run = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}").get_run(run_id)
+        assert run.info.status == "KILLED", run.info.status  # never RUNNING
+        assert list(ckpts.glob("step-*")), "no checkpoint for a rerun to resume from"

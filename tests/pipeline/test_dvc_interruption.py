@@ -23,9 +23,11 @@ from mlflow import MlflowClient
 
 from helpers import (
     BIN,
+    output_tail,
     process_tree,
     record_reliability,
     run_cli,
+    says_why,
     signal_all,
     tiny_params,
     training_pipeline,
@@ -99,8 +101,8 @@ def test_a_second_dvc_repro_while_one_runs_fails_with_the_lock_message_and_corru
         first = start_repro(repo_copy, log)
     procs = []
     try:
-        wait_for(lambda: checkpoint_steps(repo_copy) or first.poll() is not None, 300, "train's first checkpoint")
-        assert first.poll() is None, log_path.read_text()[-3000:]
+        wait_for(lambda: checkpoint_steps(repo_copy), 300, "train's first checkpoint", first, log=log_path)
+        assert first.poll() is None, output_tail(log_path)
         # hold the first pipeline inside `train` (stopped, not ended), however slow this machine is
         procs = stop_tree(first.pid)
         assert len(procs) >= 4, procs  # dvc, scalelab train (torchrun's agent in it), 2 ranks (a shell, a writer)
@@ -114,15 +116,16 @@ def test_a_second_dvc_repro_while_one_runs_fails_with_the_lock_message_and_corru
         assert "Running stage" not in out, out  # it ran nothing
         assert snapshot(repo_copy) == before, "the refused dvc repro changed dvc.lock or results/"
         signal_all(procs, signal.SIGCONT)
-        assert first.wait(timeout=600) == 0, log_path.read_text()[-3000:]
+        with says_why(log_path):
+            assert first.wait(timeout=600) == 0
     finally:
         if first.poll() is None:
             signal_all(procs, signal.SIGCONT)
             signal_all(process_tree(first.pid), signal.SIGKILL)
             first.wait()
     text = log_path.read_text()
-    assert "Running stage 'train'" in text and "Running stage 'evaluate'" in text, text[-3000:]
-    assert rwlock(repo_copy) == {}, rwlock(repo_copy)  # every lock the first took is released
+    assert "Running stage 'train'" in text and "Running stage 'evaluate'" in text, output_tail(log_path)
+    assert rwlock(repo_copy) == {}, f"{rwlock(repo_copy)}{output_tail(log_path)}"  # the first's locks are released
 
     # the outputs of a normal run: nothing left to do, the metrics written, one finished run
     assert UP_TO_DATE in run_cli("dvc", "status", cwd=repo_copy).stdout
@@ -159,28 +162,30 @@ def test_sigkill_during_train_leaves_dvc_lock_unchanged_and_the_rerun_completes(
         # job.json is rewritten once the old fingerprint's checkpoints are cleared: any checkpoint
         # present after that is this run's
         wait_for(
-            lambda: (
-                (job_json.is_file() and job_json.read_bytes() != old_job and checkpoint_steps(repo_copy))
-                or proc.poll() is not None
-            ),
+            lambda: job_json.is_file() and job_json.read_bytes() != old_job and checkpoint_steps(repo_copy),
             300,
             "a checkpoint of the new train params",
+            proc,
+            log=log_path,
         )
-        assert proc.poll() is None, log_path.read_text()[-3000:]
+        assert proc.poll() is None, output_tail(log_path)
         procs = process_tree(proc.pid)
         os.killpg(proc.pid, signal.SIGKILL)  # what a CI timeout or `kill -9 -- -PGID` does
         killed = time.time()
         proc.wait(timeout=60)
-        wait_for(lambda: not any(p.is_running() for p in procs), 120, "every process of the pipeline to end")
+        wait_for(
+            lambda: not any(p.is_running() for p in procs), 120, "every process of the pipeline to end", log=log_path
+        )
         gone_s = time.time() - killed
     finally:
         signal_all(procs, signal.SIGKILL)
-    steps = checkpoint_steps(repo_copy)
-    assert steps and steps[-1] < total, (steps, log_path.read_text()[-3000:])  # killed inside train
-    # no rank trained on to the end after dvc died: no outputs DVC did not record, no FINISHED run
-    assert not (repo_copy / "results/train/model.pt").exists(), "a rank outlived the killed pipeline"
-    killed_run = json.loads(job_json.read_text())["run_id"]
-    assert {r.info.run_id: r.info.status for r in train_runs(repo_copy)}[killed_run] in ("KILLED", "FAILED")
+    with says_why(log_path):
+        steps = checkpoint_steps(repo_copy)
+        assert steps and steps[-1] < total, steps  # killed inside train
+        # no rank trained on to the end after dvc died: no outputs DVC did not record, no FINISHED run
+        assert not (repo_copy / "results/train/model.pt").exists(), "a rank outlived the killed pipeline"
+        killed_run = json.loads(job_json.read_text())["run_id"]
+        assert {r.info.run_id: r.info.status for r in train_runs(repo_copy)}[killed_run] in ("KILLED", "FAILED")
     # validate ran to its end on the new params and DVC recorded it; train and what follows are
     # exactly as before
     after = locked_stages(repo_copy)

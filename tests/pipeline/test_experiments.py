@@ -19,7 +19,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from helpers import BIN, copy_repo, run_cli, tiny_params, wait_for, write_params
+from helpers import BIN, copy_repo, log_of, output_tail, run_cli, says_why, tiny_params, wait_for, write_params
 
 # one worker runs the module: the baseline (a `dvc repro`, over a minute) is built once, not per worker
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("dvc-experiments")]
@@ -85,8 +85,11 @@ def test_queued_and_temp_experiments_keep_their_runs_and_measure_no_cell(repo):
     run_cli("dvc", "exp", "run", "--queue", "-S", "train.lr=0.002", "-n", "lr2", cwd=repo)
     run_cli("dvc", "exp", "run", "--queue", "-S", "train.lr=0.004", "-n", "lr4", cwd=repo)
     run_cli("dvc", "queue", "start", "-j", "2", cwd=repo)
-    wait_for(lambda: not {"Queued", "Running"} & set(queue_states(repo)), 600, "the queue", poll_s=QUEUE_POLL_S)
-    assert queue_states(repo) == ["Success", "Success"], run_cli("dvc", "queue", "status", cwd=repo).stdout
+    logs = queue_logs(repo, "lr2", "lr4")
+    wait_for(
+        lambda: not {"Queued", "Running"} & set(queue_states(repo)), 600, "the queue", log=logs, poll_s=QUEUE_POLL_S
+    )
+    assert queue_states(repo) == ["Success", "Success"], output_tail(logs)
     run_cli("dvc", "exp", "run", "--temp", "-S", "train.epochs=3", "-n", "three", cwd=repo, timeout=600)
 
     runs = {r.data.tags.get("dvc.exp_name"): r for r in train_runs(repo)}
@@ -127,6 +130,20 @@ def queue_states(repo: Path) -> list[str]:
     return [s for line in rows for s in ("Queued", "Running", "Success", "Failed") if f" {s}" in line]
 
 
+def queue_logs(repo: Path, *names: str):
+    """A log source for a failure message: `dvc queue status`, then each named experiment's output
+    (`dvc queue logs NAME`)."""
+
+    def read() -> str:
+        parts = [run_cli("dvc", "queue", "status", cwd=repo, check=False).stdout]
+        for name in names:
+            logs = run_cli("dvc", "queue", "logs", name, cwd=repo, check=False)
+            parts.append(f"$ dvc queue logs {name}\n{logs.stdout}{logs.stderr}")
+        return "\n".join(parts)
+
+    return log_of(f"the DVC queue ({', '.join(names)})", read)
+
+
 def git_head(repo: Path) -> str:
     return subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
 
@@ -139,8 +156,9 @@ def test_a_queued_experiment_runs_the_code_it_was_queued_with(repo):
     run_cli("dvc", "exp", "run", "--queue", "-n", "tanh", cwd=repo)
     mlp.write_text(original)  # the workspace goes back before the queue starts
     run_cli("dvc", "queue", "start", "-j", "1", cwd=repo)
-    wait_for(lambda: queue_states(repo) in (["Success"], ["Failed"]), 600, "the queue", poll_s=QUEUE_POLL_S)
-    assert queue_states(repo) == ["Success"]
+    logs = queue_logs(repo, "tanh")
+    wait_for(lambda: queue_states(repo) in (["Success"], ["Failed"]), 600, "the queue", log=logs, poll_s=QUEUE_POLL_S)
+    assert queue_states(repo) == ["Success"], output_tail(logs)
     edited = next(r for r in train_runs(repo) if r.data.tags.get("dvc.exp_name") == "tanh")
     # same params and seed: only the edited model makes other weights (training is bitwise on CPU)
     assert edited.data.params == base.data.params
@@ -230,20 +248,23 @@ def test_ctrl_c_says_interrupted_in_one_line_and_exits_130(repo):
         meta = json.loads((ckpts / "job.json").read_text()) if (ckpts / "job.json").is_file() else {}
         return meta.get("run_id") not in (None, base.info.run_id) and any(ckpts.glob("step-*"))
 
+    log = repo.parent / "repro.log"
     try:
-        wait_for(lambda: new_checkpoint() or proc.poll() is not None, 300, "a checkpoint of the new job")
+        wait_for(new_checkpoint, 300, "a checkpoint of the new job", proc, log=log)
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
-        proc.wait(timeout=120)
+        with says_why(log):
+            proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    out = (repo.parent / "repro.log").read_text()
-    ours = [line for line in out.splitlines() if line.startswith("scalelab ")]
-    run = train_runs(repo)[-1]
-    assert len(ours) == 1, out[-3000:]
-    assert ours[0].startswith(f"scalelab train: interrupted: SIGINT: run {run.info.run_id} is KILLED; ")
-    newest = max(int(p.stem.split("-")[1]) for p in ckpts.glob("step-*"))
-    assert ours[0].endswith(f"it resumes from step {newest}")
-    assert "exited with 130" in out  # DVC's own line: scalelab train's exit status
-    assert "Traceback" not in out and "SignalException" not in out and "KeyboardInterrupt" not in out
-    assert run.info.status == "KILLED"
+    out = log.read_text()
+    with says_why(log):
+        ours = [line for line in out.splitlines() if line.startswith("scalelab ")]
+        run = train_runs(repo)[-1]
+        assert len(ours) == 1
+        assert ours[0].startswith(f"scalelab train: interrupted: SIGINT: run {run.info.run_id} is KILLED; ")
+        newest = max(int(p.stem.split("-")[1]) for p in ckpts.glob("step-*"))
+        assert ours[0].endswith(f"it resumes from step {newest}")
+        assert "exited with 130" in out  # DVC's own line: scalelab train's exit status
+        assert "Traceback" not in out and "SignalException" not in out and "KeyboardInterrupt" not in out
+        assert run.info.status == "KILLED"

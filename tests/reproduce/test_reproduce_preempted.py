@@ -14,7 +14,17 @@ import subprocess
 import pytest
 from mlflow import MlflowClient
 
-from helpers import BIN, process_tree, record_reliability, run_cli, tiny_params, training_pipeline, wait_for
+from helpers import (
+    BIN,
+    output_tail,
+    process_tree,
+    record_reliability,
+    run_cli,
+    says_why,
+    tiny_params,
+    training_pipeline,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -49,25 +59,29 @@ def test_reproduce_of_a_preempted_run_matches(repo_copy):
         )
     procs = []
     try:
-        wait_for(lambda: checkpoint_steps(repo_copy) or proc.poll() is not None, 300, "a checkpoint")
-        assert proc.poll() is None, log_path.read_text()[-3000:]
+        wait_for(lambda: checkpoint_steps(repo_copy), 300, "a checkpoint", proc, log=log_path)
+        assert proc.poll() is None, output_tail(log_path)
         procs = process_tree(proc.pid)
         os.killpg(proc.pid, signal.SIGTERM)  # dvc, scalelab train and torchrun; torchrun stops the ranks
-        proc.wait(timeout=60)
-        wait_for(lambda: not any(p.is_running() for p in procs), 120, "every process of the pipeline to end")
+        with says_why(log_path):
+            proc.wait(timeout=60)
+        wait_for(
+            lambda: not any(p.is_running() for p in procs), 120, "every process of the pipeline to end", log=log_path
+        )
     finally:
         for p in procs:
             if p.is_running():
                 p.kill()
-    resumed = checkpoint_steps(repo_copy)[-1]
-    assert 0 < resumed < TOTAL, (resumed, log_path.read_text()[-3000:])
-    assert resumed % LOG_EVERY != 0, resumed
+    with says_why(log_path):
+        resumed = checkpoint_steps(repo_copy)[-1]
+        assert 0 < resumed < TOTAL, resumed
+        assert resumed % LOG_EVERY != 0, resumed
 
-    client = MlflowClient(f"sqlite:///{repo_copy / 'mlflow.db'}")
-    (run,) = train_runs(client)
-    assert run.info.status in ("KILLED", "FAILED"), log_path.read_text()[-3000:]
-    logged = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
-    assert not logged, f"the SIGTERM came after step {logged[-1]}: no open logging window is resumed"
+        client = MlflowClient(f"sqlite:///{repo_copy / 'mlflow.db'}")
+        (run,) = train_runs(client)
+        assert run.info.status in ("KILLED", "FAILED")
+        logged = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
+        assert not logged, f"the SIGTERM came after step {logged[-1]}: no open logging window is resumed"
 
     out = run_cli("dvc", "repro", cwd=repo_copy, timeout=900)
     text = out.stdout + out.stderr

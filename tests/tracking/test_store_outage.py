@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from helpers import BIN, free_port, record_reliability, tiny_params, wait_for, write_params
+from helpers import BIN, free_port, log_of, record_reliability, tiny_params, wait_for, write_params
 from services import SERVER_SCRIPT, serve, server_script_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.distributed, pytest.mark.slow]
@@ -137,6 +137,9 @@ class Lines:
     def count(self, needle: str) -> int:
         return sum(needle in line for line in list(self.lines))
 
+    def so_far(self) -> str:
+        return "".join(list(self.lines))
+
     def text(self) -> str:
         self._thread.join(timeout=60)
         return "".join(self.lines)
@@ -149,7 +152,8 @@ def test_metrics_logged_while_the_server_is_down_all_arrive_once_it_is_back(work
         err = Lines(proc.stderr)
         run_id = wait_for_first_metric(server.url, proc, err.text)
     down = time.monotonic()  # the server is down from here: the job keeps training, its writer retrying
-    wait_for(lambda: err.count(STORE_FAILED), 300, "the writer's first failed store attempt", proc)
+    job_log = log_of("the job's stderr", err.so_far)
+    wait_for(lambda: err.count(STORE_FAILED), 300, "the writer's first failed store attempt", proc, log=job_log)
     with server.running():
         outage_s, failed = time.monotonic() - down, err.count(STORE_FAILED)
         assert proc.wait(timeout=600) == 0, err.text()[-4000:]

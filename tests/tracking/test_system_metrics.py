@@ -7,7 +7,7 @@ import sys
 import pytest
 from mlflow import MlflowClient
 
-from helpers import free_port, tiny_params, write_params
+from helpers import free_port, log_of, says_why, tiny_params, write_params
 from scalelab.config import load_params
 from scalelab.data.store import verify
 from scalelab.training.plan import RunPlan, write_resolved
@@ -62,11 +62,12 @@ def test_every_node_logs_its_system_metrics_into_rank_zeros_run(workdir, prepare
     outputs = [p.communicate(timeout=600)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outputs)
 
-    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
-    runs = client.search_runs([client.get_experiment_by_name("scalelab").experiment_id])
-    assert len(runs) == 1  # only global rank 0 creates a run
-    run = runs[0]
-    assert run.info.status == "FINISHED" and run.data.tags["launch.nnodes"] == "2"
-    for node in ("node0", "node1"):
-        for name in ("cpu_utilization_percentage", "system_memory_usage_megabytes"):
-            assert f"system/{node}/{name}" in run.data.metrics, sorted(run.data.metrics)
+    with says_why([log_of(f"node {i}'s output", lambda o=o: o) for i, o in enumerate(outputs)]):
+        client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+        runs = client.search_runs([client.get_experiment_by_name("scalelab").experiment_id])
+        assert len(runs) == 1  # only global rank 0 creates a run
+        run = runs[0]
+        assert run.info.status == "FINISHED" and run.data.tags["launch.nnodes"] == "2"
+        for node in ("node0", "node1"):
+            for name in ("cpu_utilization_percentage", "system_memory_usage_megabytes"):
+                assert f"system/{node}/{name}" in run.data.metrics, sorted(run.data.metrics)

@@ -13,7 +13,7 @@ import shutil
 import pytest
 from mlflow import MlflowClient
 
-from helpers import run_cli, shown_artifacts_dir, tiny_params, write_params
+from helpers import run_cli, says_why, shown_artifacts_dir, tiny_params, write_params
 from services import mlflow_ui
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
@@ -69,7 +69,8 @@ def close_assistant(page):
 def test_ui_shows_experiment_training_run_and_study(workdir, prepared_digits, browser, tmp_path):
     exp, train, study, children = build_store(workdir, prepared_digits)
     shots = tmp_path / "screenshots"
-    with mlflow_ui(f"sqlite:///{workdir / 'mlflow.db'}", tmp_path / "ui.log") as ui:
+    # a failure (a Playwright timeout too) ends with the UI server's log
+    with mlflow_ui(f"sqlite:///{workdir / 'mlflow.db'}", tmp_path / "ui.log") as ui, says_why(tmp_path / "ui.log"):
         page = browser.new_page(viewport={"width": 1600, "height": 1000})
         page.set_default_timeout(WAIT_MS)
         try:

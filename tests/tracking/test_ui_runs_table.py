@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from helpers import BIN, run_cli, tiny_params, write_params
+from helpers import BIN, run_cli, says_why, tiny_params, write_params
 from services import free_port, serve
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
@@ -18,7 +18,8 @@ def test_the_printed_address_opens_the_training_runs_table(workdir, prepared_dig
     run_cli("train", "--data", str(prepared_digits), "--out", "results/train", cwd=workdir)
     port = free_port()
     cmd = [str(BIN / "scalelab"), "ui", "--params", str(workdir / "params.yaml"), "--port", str(port)]
-    with serve(cmd, port, tmp_path / "ui.log") as ui:
+    # a failure (a Playwright timeout too) ends with the `scalelab ui` server's log
+    with serve(cmd, port, tmp_path / "ui.log") as ui, says_why(tmp_path / "ui.log"):
         printed = re.search(r"MLflow UI, experiment 'scalelab': (\S+)", (tmp_path / "ui.log").read_text())
         assert printed, (tmp_path / "ui.log").read_text()
         address = printed.group(1)

@@ -4,13 +4,12 @@ import json
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 import torch
 from mlflow import MlflowClient
 
-from helpers import BIN, process_tree, run_cli, signal_all, tiny_params, wait_for, write_params
+from helpers import BIN, output_tail, process_tree, run_cli, signal_all, tiny_params, wait_for, write_params
 
 pytestmark = pytest.mark.distributed
 
@@ -69,13 +68,11 @@ def sigkill_after_first_checkpoint(workdir, prepared_digits, sections):
     write_params(workdir / "params.yaml", tiny_params(**sections))
     cmd = [str(BIN / "scalelab"), "train", "--data", str(prepared_digits), "--out", "killed"]
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
-    proc = subprocess.Popen(
-        cmd, cwd=workdir, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    log = workdir / "killed.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=workdir, env=env, start_new_session=True, stdout=out, stderr=out)
     ckpts = workdir / "killed" / "checkpoints"
-    deadline = time.time() + 120
-    while not list(ckpts.glob("step-*")) and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.02)
+    wait_for(lambda: list(ckpts.glob("step-*")), 120, "the first checkpoint", proc, log=log, poll_s=0.02)
     # the launcher and the ranks: torchrun starts each rank in a session of its own, where a signal
     # to the launcher's group does not reach it (left alone, a rank stops itself within a second,
     # runtime.lifeline, and saves what a SIGTERM saves, maybe while the folder is read below)
@@ -84,9 +81,9 @@ def sigkill_after_first_checkpoint(workdir, prepared_digits, sections):
     proc.wait()
     # a rank inside a system call (a rename that commits a checkpoint) finishes it before it dies:
     # what is on disk is settled once every process of the job is gone
-    wait_for(lambda: not any(p.is_running() for p in job), 60, "the killed job's processes to exit")
-    assert list(ckpts.glob("step-*")), "no checkpoint appeared before the kill"
-    assert not (workdir / "killed" / "model.pt").exists(), "the run finished before the kill"
+    wait_for(lambda: not any(p.is_running() for p in job), 60, "the killed job's processes to exit", log=log)
+    assert list(ckpts.glob("step-*")), f"no checkpoint appeared before the kill{output_tail(log)}"
+    assert not (workdir / "killed" / "model.pt").exists(), f"the run finished before the kill{output_tail(log)}"
     run_id_before = json.loads((ckpts / "job.json").read_text())["run_id"]
     return ckpts, run_id_before
 

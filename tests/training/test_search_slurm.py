@@ -12,7 +12,18 @@ import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
-from helpers import BIN, run_cli, slurm_queued, tiny_params, wait_for, write_params
+from helpers import (
+    BIN,
+    log_of,
+    output_tail,
+    run_cli,
+    says_why,
+    slurm_logs,
+    slurm_queued,
+    tiny_params,
+    wait_for,
+    write_params,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration, pytest.mark.slow]
 ONE_TASK = {"launcher": "slurm", "num_nodes": 1, "nproc_per_node": 1, "optimizer": "sgd"}
@@ -25,20 +36,30 @@ def study_of(folder):
 
 
 def start_submit(workdir, data, env, name, *args) -> subprocess.Popen:
-    """`scalelab sweep submit` in the background (its output in pipes), with the cluster profiles."""
+    """`scalelab sweep submit` in the background (its output in `submit_log(workdir, name)`'s two
+    files), with the cluster profiles."""
     (workdir / "slurm").symlink_to(BIN.parents[1] / "slurm")
     cmd = [str(BIN / "scalelab"), "sweep", "submit", "--name", name, "--data", str(data), *args]
     full_env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", **env}
-    return subprocess.Popen(cmd, cwd=workdir, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out_path, err_path = submit_log(workdir, name)
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        return subprocess.Popen(cmd, cwd=workdir, env=full_env, stdout=out, stderr=err, text=True)
 
 
-def submitted(proc: subprocess.Popen, name: str) -> None:
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0 and f"submitted search {name!r}" in out, out + err[-3000:]
+def submit_log(workdir, name):
+    """The stdout and stderr files of search `name`'s `sweep submit`."""
+    return workdir / f"submit-{name}.out", workdir / f"submit-{name}.err"
+
+
+def submitted(workdir, proc: subprocess.Popen, name: str) -> None:
+    with says_why(submit_log(workdir, name)):
+        proc.wait(timeout=120)
+    out = submit_log(workdir, name)[0].read_text()
+    assert proc.returncode == 0 and f"submitted search {name!r}" in out, output_tail(submit_log(workdir, name))
 
 
 def submit(workdir, data, env, name, *args):
-    submitted(start_submit(workdir, data, env, name, *args), name)
+    submitted(workdir, start_submit(workdir, data, env, name, *args), name)
     return json.loads((workdir / "results/sweeps" / name / "manifest.json").read_text())
 
 
@@ -47,14 +68,16 @@ def collect_until_done(workdir, env, name, timeout_s=600, jobs=()):
     `jobs`, the first collect waits until they have all left the queue."""
     client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
     parent = json.loads((workdir / "results/sweeps" / name / "manifest.json").read_text())["parent_run_id"]
-    deadline = time.time() + timeout_s
+    summary = workdir / "results/sweeps" / name / "summary.csv"
     if jobs:
-        wait_for(lambda: not slurm_queued(list(jobs), env), timeout_s, "the workers to end", poll_s=2)
-    while client.get_run(parent).info.status != "FINISHED":
-        assert time.time() < deadline, (workdir / "results/sweeps" / name / "summary.csv").read_text()
+        wait_for(lambda: not slurm_queued(list(jobs), env), timeout_s, "the workers to end", log=slurm_logs(workdir))
+
+    def collected() -> bool:
         run_cli("sweep", "collect", "--name", name, cwd=workdir, env=env)
-        time.sleep(3)
-    return pd.read_csv(workdir / "results/sweeps" / name / "summary.csv"), client, client.get_run(parent)
+        return client.get_run(parent).info.status == "FINISHED"
+
+    wait_for(collected, timeout_s, "the search's budget to be spent", log=[summary, slurm_logs(workdir)], poll_s=3)
+    return pd.read_csv(summary), client, client.get_run(parent)
 
 
 def test_tpe_with_median_pruning_on_a_job_array(workdir, prepared_digits, slurm_cluster):
@@ -121,7 +144,7 @@ def test_a_cancelled_worker_loses_its_trial_and_a_preempted_one_resumes_it(workd
         manifest = folder / "manifest.json"
         return manifest.is_file() and [e["job_id"] for e in json.loads(manifest.read_text())["elements"]]
 
-    jobs = wait_for(array_ids, 120, "the job array's ids in the manifest")
+    jobs = wait_for(array_ids, 120, "the job array's ids in the manifest", submitting, log=submit_log(workdir, "cx"))
 
     def first_trial(worker):  # the trial the worker claimed first, once it has a checkpoint
         claim = folder / "workers" / f"{worker:03d}" / "claim-000.json"
@@ -133,18 +156,26 @@ def test_a_cancelled_worker_loses_its_trial_and_a_preempted_one_resumes_it(workd
     # each worker is signalled as soon as its own first trial has a checkpoint: thousands of steps
     # remain, so the signal lands inside that trial (scancel kills after KillWait, 5 s)
     signals = {0: ["scancel", "--signal=USR2", jobs[0]], 1: ["scancel", jobs[1]]}
-    signalled, deadline = {}, time.monotonic() + 300
+    signalled = {}
+
+    def signal_each_in_its_first_trial() -> bool:
+        for worker in set(signals) - set(signalled):
+            number = first_trial(worker)
+            if number is not None:
+                subprocess.run(signals[worker], env=env, check=True)
+                signalled[worker] = number
+        return len(signalled) == 2
+
     try:
-        while len(signalled) < 2:
-            for worker in set(signals) - set(signalled):
-                number = first_trial(worker)
-                if number is not None:
-                    subprocess.run(signals[worker], env=env, check=True)
-                    signalled[worker] = number
-            assert time.monotonic() < deadline, f"no first checkpoint of a worker: {sorted(signalled)} signalled"
-            time.sleep(0.1)
+        wait_for(
+            signal_each_in_its_first_trial,
+            300,
+            "a first checkpoint of each worker",
+            log=[log_of("workers signalled", lambda: str(sorted(signalled))), slurm_logs(workdir)],
+            poll_s=0.1,
+        )
         preempted, cancelled = signalled[0], signalled[1]
-        submitted(submitting, "cx")
+        submitted(workdir, submitting, "cx")
         summary, client, parent = collect_until_done(workdir, slurm_cluster, "cx")
     finally:
         subprocess.run(["scancel", *jobs], env=env)

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
-from helpers import BIN, run_cli, slurm_queued, tiny_params, wait_for, write_params
+from helpers import BIN, run_cli, says_why, slurm_logs, slurm_queued, tiny_params, wait_for, write_params
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 
@@ -58,19 +58,21 @@ def test_sweep_of_four_with_one_failing_element(workdir, prepared_digits, slurm_
     assert slurm_queued([array], slurm_cluster)
     assert not all((workdir / "results/sweeps/lr" / f"{i:03d}" / "run.json").exists() for i in range(4))
 
-    wait_for(lambda: not slurm_queued([array], slurm_cluster), 600, "the array to end", poll_s=2)
-    for _ in range(30):  # one collect, unless SLURM's accounting lags behind the queue for a moment
-        run_cli("sweep", "collect", "--name", "lr", cwd=workdir, env=slurm_cluster)
-        summary = pd.read_csv(workdir / "results/sweeps/lr/summary.csv", keep_default_na=False)
-        if set(summary.status) <= {"finished", "failed"}:
-            break
-        time.sleep(2)
-    assert sorted(summary.status) == ["failed", "finished", "finished", "finished"], summary.to_string()
-    failed = summary[summary.status == "failed"].iloc[0]
-    assert float(failed["override.train.lr"]) == 1e20
-    assert "NonFiniteLossError" in failed.error and "is not finite" in failed.error, failed.error
-    finished = summary[summary.status == "finished"]
-    assert (finished.test_accuracy.astype(float) > 0).all() and (finished.samples_per_s.astype(float) > 0).all()
+    logs = slurm_logs(workdir)  # the array elements' output
+    wait_for(lambda: not slurm_queued([array], slurm_cluster), 600, "the array to end", log=logs, poll_s=2)
+    with says_why(logs):
+        for _ in range(30):  # one collect, unless SLURM's accounting lags behind the queue for a moment
+            run_cli("sweep", "collect", "--name", "lr", cwd=workdir, env=slurm_cluster)
+            summary = pd.read_csv(workdir / "results/sweeps/lr/summary.csv", keep_default_na=False)
+            if set(summary.status) <= {"finished", "failed"}:
+                break
+            time.sleep(2)
+        assert sorted(summary.status) == ["failed", "finished", "finished", "finished"], summary.to_string()
+        failed = summary[summary.status == "failed"].iloc[0]
+        assert float(failed["override.train.lr"]) == 1e20
+        assert "NonFiniteLossError" in failed.error and "is not finite" in failed.error, failed.error
+        finished = summary[summary.status == "finished"]
+        assert (finished.test_accuracy.astype(float) > 0).all() and (finished.samples_per_s.astype(float) > 0).all()
 
     client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
     exp = client.get_experiment_by_name("scalelab")
