@@ -7,13 +7,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
 import torch
 
-from helpers import BIN, record_reliability, tiny_params, write_params
+from helpers import BIN, record_reliability, says_why, tiny_params, wait_for, write_params
 from scalelab.training.checkpoint import Checkpointer
 
 # the child saves `done` checkpoints, then dies at `point` inside the next save
@@ -87,9 +86,14 @@ def zygote():
     proc.wait(timeout=60)
 
 
+def trial_stderr(folder):
+    """Where the trial on `folder` writes its stderr."""
+    return folder.parent / f"{folder.name}.stderr"
+
+
 def trial(zygote, script: str, folder, point: str, done: int) -> tuple[int, str]:
     """Runs one trial in a fresh process forked by the zygote; returns its exit status and stderr."""
-    stderr = folder.parent / f"{folder.name}.stderr"
+    stderr = trial_stderr(folder)
     zygote.stdin.write(json.dumps([script, [str(folder), point, str(done)], str(stderr)]) + "\n")
     zygote.stdin.flush()
     return int(zygote.stdout.readline()), stderr.read_text(errors="replace")
@@ -106,9 +110,10 @@ def test_a_save_killed_anywhere_leaves_the_newest_complete_checkpoint(tmp_path, 
     TRIALS["trials"] += 1
     assert code == -signal.SIGKILL, stderr[-2000:]
     TRIALS["faults_injected"] += 1
-    state = Checkpointer(folder, "fp", keep=2).load_latest()
-    newest = done + 1 if point == "prune" else done  # past os.replace the new one is complete
-    assert state is not None and state["step"] == newest and bool((state["w"] == newest).all())
+    with says_why(trial_stderr(folder)):
+        state = Checkpointer(folder, "fp", keep=2).load_latest()
+        newest = done + 1 if point == "prune" else done  # past os.replace the new one is complete
+        assert state is not None and state["step"] == newest and bool((state["w"] == newest).all())
     TRIALS["recovered_newest_complete"] += 1
 
 
@@ -164,12 +169,13 @@ def test_a_sharded_save_killed_anywhere_leaves_the_newest_complete_checkpoint(tm
     TRIALS["trials"] += 1
     assert code == -signal.SIGKILL, stderr[-2000:]
     TRIALS["faults_injected"] += 1
-    state = Checkpointer(folder, "fp", keep=2).load_latest()
-    newest = done + 1 if point == "prune" else done  # past the rename the new one is complete
-    assert state is not None and state["step"] == newest and state["shards"].endswith(f"step-{newest:08d}.dcp")
-    target = {"model": {"w": torch.zeros(256, 256)}}
-    read_shards(state["shards"], target)
-    assert bool((target["model"]["w"] == newest).all())
+    with says_why(trial_stderr(folder)):
+        state = Checkpointer(folder, "fp", keep=2).load_latest()
+        newest = done + 1 if point == "prune" else done  # past the rename the new one is complete
+        assert state is not None and state["step"] == newest and state["shards"].endswith(f"step-{newest:08d}.dcp")
+        target = {"model": {"w": torch.zeros(256, 256)}}
+        read_shards(state["shards"], target)
+        assert bool((target["model"]["w"] == newest).all())
     TRIALS["recovered_newest_complete"] += 1
 
 
@@ -186,11 +192,11 @@ def test_a_second_job_on_the_same_folder_fails_at_once_and_deletes_nothing(workd
     write_params(workdir / "params.yaml", tiny_params(train={"epochs": 60}, tracking={"system_metrics_interval_s": 0}))
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
     cmd = [str(BIN / "scalelab"), "train", "--data", str(prepared_digits), "--out", "out"]
-    first = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 300
-    while not list((workdir / "out/checkpoints").glob("step-*")):
-        assert first.poll() is None and time.time() < deadline, first.communicate()[1][-3000:]
-        time.sleep(0.2)
+    log = workdir / "first.log"  # not under out/, whose files the test lists
+    with open(log, "wb") as out:
+        first = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=out, stderr=out)
+    ckpts = workdir / "out/checkpoints"
+    wait_for(lambda: list(ckpts.glob("step-*")), 300, "the first job's first checkpoint", first, log=log, poll_s=0.2)
     # the first job's ranks are paused, so that under any load the job is still running when the
     # second one looks (its launcher, which holds the folder's lock, keeps running)
     ranks = psutil.Process(first.pid).children(recursive=True)
@@ -208,8 +214,8 @@ def test_a_second_job_on_the_same_folder_fails_at_once_and_deletes_nothing(workd
     line = second.stderr.strip().splitlines()[-1]
     assert f"{workdir / 'out'}" in line or "out is in use by another job" in line, line
     assert f'"pid": {first.pid}' in line, line  # names the holder
-    _, err = first.communicate(timeout=600)
-    assert first.returncode == 0, err[-3000:]
+    with says_why(log):
+        assert first.wait(timeout=600) == 0
     after = {p.name for p in (workdir / "out").rglob("*") if p.is_file()}
     # Only what the first job itself replaces may go: old step checkpoints (it keeps the newest N)
     # and the temporary file of any atomic write that was in flight when `before` was listed

@@ -10,13 +10,14 @@ import psutil
 import pytest
 from mlflow import MlflowClient
 
-from helpers import BIN, record_reliability, tiny_params, write_params
+from helpers import BIN, output_tail, record_reliability, says_why, tiny_params, wait_for, write_params
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 
 def start(workdir, prepared_digits, **train):
-    """`scalelab train` in the background: long enough (300 epochs) that a killed rank kills it."""
+    """`scalelab train` in the background: long enough (300 epochs) that a killed rank kills it.
+    Its stdout and stderr go to train.out and train.err in `workdir` (`stderr_of`)."""
     write_params(
         workdir / "params.yaml",
         tiny_params(
@@ -25,30 +26,32 @@ def start(workdir, prepared_digits, **train):
     )
     cmd = [str(BIN / "scalelab"), "train", "--data", str(prepared_digits), "--out", "out"]
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
-    return subprocess.Popen(
-        cmd, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
+    with open(workdir / "train.out", "wb") as out, open(stderr_of(workdir), "wb") as err:
+        return subprocess.Popen(cmd, cwd=workdir, env=env, stdout=out, stderr=err, start_new_session=True)
 
 
-def worker(proc, rank, timeout_s=300):
-    """The train-worker process of global rank `rank`, once a checkpoint exists."""
-    deadline = time.time() + timeout_s
-    while time.time() < deadline and proc.poll() is None:
+def stderr_of(workdir):
+    return workdir / "train.err"
+
+
+def worker(workdir, proc, rank, timeout_s=300):
+    """The train-worker process of global rank `rank`."""
+
+    def find():
         for child in psutil.Process(proc.pid).children(recursive=True):
             try:
                 if "train-worker" in child.cmdline() and child.environ().get("RANK") == str(rank):
                     return child
             except psutil.Error:
                 continue
-        time.sleep(0.2)
-    raise AssertionError(f"no rank {rank} worker: {proc.communicate()[1][-3000:]}")
+        return None
+
+    return wait_for(find, timeout_s, f"rank {rank}'s train-worker process", proc, log=stderr_of(workdir), poll_s=0.2)
 
 
 def wait_checkpoint(workdir, proc):
-    deadline = time.time() + 300
-    while not list((workdir / "out/checkpoints").glob("step-*")) and proc.poll() is None:
-        assert time.time() < deadline, "no checkpoint"
-        time.sleep(0.2)
+    ckpts = workdir / "out/checkpoints"
+    wait_for(lambda: list(ckpts.glob("step-*")), 300, "a checkpoint", proc, log=stderr_of(workdir), poll_s=0.2)
 
 
 def the_run(workdir):
@@ -61,18 +64,21 @@ def the_run(workdir):
 @pytest.mark.parametrize("rank", [0, 1])
 def test_sigkill_of_any_rank_fails_the_run_and_names_the_rank(workdir, prepared_digits, rank):
     proc = start(workdir, prepared_digits)
-    victim = worker(proc, rank)
+    victim = worker(workdir, proc, rank)
     wait_checkpoint(workdir, proc)
     victim.send_signal(signal.SIGKILL)
     killed = time.time()
-    _, err = proc.communicate(timeout=120)
-    detect_s = time.time() - killed
-    assert proc.returncode == 1, err[-3000:]
-    last = err.strip().splitlines()[-1]
-    assert (
-        last.startswith("scalelab train: error: ") and f"rank {rank} (pid {victim.pid}) was killed by SIGKILL" in last
-    )
-    assert the_run(workdir).info.status == "FAILED"
+    with says_why(stderr_of(workdir)):
+        proc.wait(timeout=120)
+        detect_s = time.time() - killed
+        err = stderr_of(workdir).read_text()
+        assert proc.returncode == 1
+        last = err.strip().splitlines()[-1]
+        assert (
+            last.startswith("scalelab train: error: ")
+            and f"rank {rank} (pid {victim.pid}) was killed by SIGKILL" in last
+        )
+        assert the_run(workdir).info.status == "FAILED"
     record_reliability("dead_rank", {f"rank{rank}_detect_s": round(detect_s, 2), f"rank{rank}_run_closed": True})
 
 
@@ -83,12 +89,12 @@ def stop_after_first_checkpoint(workdir, proc, victim):
     try:
         victim.suspend()
         while not list((workdir / "out/checkpoints").glob("step-*")):
-            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert proc.poll() is None, f"the job exited {proc.returncode}{output_tail(stderr_of(workdir))}"
             victim.resume()
             time.sleep(0.02)  # a time slice for the victim, not a wait for an outcome
             victim.suspend()
     except psutil.NoSuchProcess:
-        raise AssertionError(f"rank 1 ended before the first checkpoint: {proc.communicate()[1][-3000:]}") from None
+        raise AssertionError(f"rank 1 ended before the first checkpoint{output_tail(stderr_of(workdir))}") from None
 
 
 def test_a_stopped_rank_times_out_and_the_rerun_resumes(workdir, prepared_digits):
@@ -97,22 +103,23 @@ def test_a_stopped_rank_times_out_and_the_rerun_resumes(workdir, prepared_digits
     timeout_s, epochs = 30, 10
     train = {"epochs": epochs, "checkpoint_every_steps": 20, "collective_timeout_s": timeout_s}
     proc = start(workdir, prepared_digits, **train)
-    victim = worker(proc, 1)
+    victim = worker(workdir, proc, 1)
     stop_after_first_checkpoint(workdir, proc, victim)  # its sockets stay open: the others wait, until the timeout
     stopped = time.time()
-    try:
-        _, err = proc.communicate(timeout=timeout_s + 90)
-    finally:
-        if victim.is_running():
-            victim.kill()
-    detect_s = time.time() - stopped
-    assert proc.returncode == 1, err[-3000:]
-    assert detect_s < timeout_s + 60, detect_s  # torchrun waits up to 30 s for the others to stop
-    run = the_run(workdir)
-    assert run.info.status == "FAILED"
-    newest = max(int(p.stem.split("-")[1]) for p in (workdir / "out/checkpoints").glob("step-*"))
-    total = epochs * 19  # digits: 19 global batches of 64 per epoch
-    assert 0 < newest < total, newest
+    with says_why(stderr_of(workdir)):
+        try:
+            proc.wait(timeout=timeout_s + 90)
+        finally:
+            if victim.is_running():
+                victim.kill()
+        detect_s = time.time() - stopped
+        assert proc.returncode == 1
+        assert detect_s < timeout_s + 60, detect_s  # torchrun waits up to 30 s for the others to stop
+        run = the_run(workdir)
+        assert run.info.status == "FAILED"
+        newest = max(int(p.stem.split("-")[1]) for p in (workdir / "out/checkpoints").glob("step-*"))
+        total = epochs * 19  # digits: 19 global batches of 64 per epoch
+        assert 0 < newest < total, newest
 
     write_params(  # the same job: the rerun resumes
         workdir / "params.yaml", tiny_params(train=train, tracking={"system_metrics_interval_s": 0})
