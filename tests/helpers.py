@@ -333,3 +333,17 @@ def summary_verdict(line: str) -> tuple[str, str, str, str]:
     got = re.fullmatch(r"- ([^:]+): (.*); goal (.*): (met|not met|not measured)", line)
     assert got, f"not a summary line with a verdict: {line!r}"
     return got[1], got[2], got[3], got[4]
+
+
+def queue_logs(repo: Path, *names: str) -> Callable[[], str]:
+    """A log source for a failure message: `dvc queue status`, then each named experiment's output
+    (`dvc queue logs NAME`)."""
+
+    def read() -> str:
+        parts = [run_cli("dvc", "queue", "status", cwd=repo, check=False).stdout]
+        for name in names:
+            logs = run_cli("dvc", "queue", "logs", name, cwd=repo, check=False)
+            parts.append(f"$ dvc queue logs {name}\n{logs.stdout}{logs.stderr}")
+        return "\n".join(parts)
+
+    return log_of(f"the DVC queue ({', '.join(names)})", read)

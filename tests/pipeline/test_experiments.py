@@ -19,7 +19,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from helpers import BIN, copy_repo, log_of, output_tail, run_cli, says_why, tiny_params, wait_for, write_params
+from helpers import BIN, copy_repo, output_tail, queue_logs, run_cli, says_why, tiny_params, wait_for, write_params
 
 # one worker runs the module: the baseline (a `dvc repro`, over a minute) is built once, not per worker
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("dvc-experiments")]
@@ -128,20 +128,6 @@ QUEUE_POLL_S = 3.0
 def queue_states(repo: Path) -> list[str]:
     rows = run_cli("dvc", "queue", "status", cwd=repo).stdout.splitlines()
     return [s for line in rows for s in ("Queued", "Running", "Success", "Failed") if f" {s}" in line]
-
-
-def queue_logs(repo: Path, *names: str):
-    """A log source for a failure message: `dvc queue status`, then each named experiment's output
-    (`dvc queue logs NAME`)."""
-
-    def read() -> str:
-        parts = [run_cli("dvc", "queue", "status", cwd=repo, check=False).stdout]
-        for name in names:
-            logs = run_cli("dvc", "queue", "logs", name, cwd=repo, check=False)
-            parts.append(f"$ dvc queue logs {name}\n{logs.stdout}{logs.stderr}")
-        return "\n".join(parts)
-
-    return log_of(f"the DVC queue ({', '.join(names)})", read)
 
 
 def git_head(repo: Path) -> str:

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from helpers import REPO, copy_repo, run_cli, wait_for
+from helpers import REPO, copy_repo, output_tail, queue_logs, run_cli, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@e"]
@@ -92,10 +92,11 @@ def test_readme_experiments_reproduce(tmp_path, commands):
     if commands == QUEUED:
         run_cli("dvc", "queue", "start", "-j", "2", cwd=repo)
         status = lambda: run_cli("dvc", "queue", "status", cwd=repo).stdout  # noqa: E731
-        wait_for(lambda: "Queued" not in status() and "Running" not in status(), 900, "the queue", poll_s=3)
-        assert status().count("Success") == len(QUEUED), status()
-        experiment = client.get_experiment_by_name("scalelab").experiment_id
         names = [args[args.index("-n") + 1] for args in QUEUED]
+        logs = queue_logs(repo, *names)
+        wait_for(lambda: "Queued" not in status() and "Running" not in status(), 900, "the queue", log=logs, poll_s=3)
+        assert status().count("Success") == len(QUEUED), output_tail(logs)
+        experiment = client.get_experiment_by_name("scalelab").experiment_id
         query = "tags.`scalelab.kind` = 'train' and tags.`dvc.exp_name` = '{}'"
         run_ids = [client.search_runs([experiment], query.format(name))[0].info.run_id for name in names]
         run_cli("dvc", "repro", "prepare", cwd=repo)  # their data, here: the queue ran in copies

@@ -5,7 +5,6 @@ preempted worker (USR2) resumes the same trial in the same run."""
 import json
 import os
 import subprocess
-import time
 
 import optuna
 import pandas as pd
