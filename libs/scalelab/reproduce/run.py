@@ -8,16 +8,20 @@
    or `--data`) must have the sha256 recorded in the run's `data.sha256.<file>` tags (the same
    figures as `provenance/data-files.json`), and the folder's DVC md5 (`data.md5`, the value
    dvc.lock holds for it) must match too, so an added or removed file is caught as well.
-3. Trusts nothing it read (`scalelab.reproduce.guard`): `git.commit` must be a commit in this
-   repository; each recorded diff must have its recorded sha256 and may change regular files
-   inside the worktree only (no symlinks, mode changes, absolute or `..` paths). It prints what
-   it will apply (files, +/- lines), and needs --yes (or a "y" on a terminal) when that changes
-   code (libs/, experiments/, any .py). Then it checks out the commit into a temporary git
-   worktree and applies `provenance/dirty.diff` and `provenance/untracked.diff`, if any.
-4. Writes the recorded `config.json` as the worktree's params.yaml and runs that code's
-   `scalelab train` (and `scalelab evaluate` when the run has test metrics) on the verified data,
-   logging into the same store. The new run is named `reproduce-<original run name>` and tagged
-   `scalelab.kind=reproduce` and `scalelab.reproduces=<RUN_ID>`.
+3. Trusts nothing it read (`scalelab.reproduce.guard`): a run tagged not reproducible (its diff
+   held a secret, or was too large) is refused; `git.commit` must be a commit in this repository,
+   and one that no trusted ref holds is shown and needs --yes; each recorded diff must have its
+   recorded sha256 and may change regular files inside the worktree only (no symlinks, mode
+   changes, absolute or `..` paths). It prints what it will apply (files, +/- lines), and needs
+   --yes (or a "y" on a terminal) when that changes code (every file but params, docs and raw
+   data). Then it checks out the commit into a temporary git worktree and applies
+   `provenance/dirty.diff` and `provenance/untracked.diff`, if any.
+4. Writes the recorded `config.json`, checked against its recorded sha256 and the run's logged
+   params, as the worktree's params.yaml (`train.launcher: local`, the SLURM folder inside the
+   temporary folder) and runs that code's `scalelab train` (and `scalelab evaluate` when the run
+   has test metrics) on the verified data, logging into the same store. The new run is named
+   `reproduce-<original run name>` and tagged `scalelab.kind=reproduce` and
+   `scalelab.reproduces=<RUN_ID>`.
 5. Compares, and prints a table: every param and seed; every metric's full history, step by step,
    bitwise on CPU (within --rtol/--atol on CUDA); the final weights' sha256 (`weights.sha256`).
    Timing and system metrics (samples_per_s, step_time_ms and their mean_ run figures,
@@ -128,10 +132,10 @@ def write_params(client: Any, run: Any, worktree: Path, out: Path) -> None:
     if path is None:
         raise CannotReproduce("the run has no config.json artifact")
     blob, recorded = path.read_bytes(), run.data.tags.get("provenance.config.sha256")
-    if recorded and hashlib.sha256(blob).hexdigest() != recorded:
+    digest = hashlib.sha256(blob).hexdigest()
+    if recorded and digest != recorded:
         raise CannotReproduce(
-            f"config.json has sha256 {hashlib.sha256(blob).hexdigest()}, but provenance.config.sha256 = {recorded}: "
-            "the stored config was changed"
+            f"config.json has sha256 {digest}, but provenance.config.sha256 = {recorded}: the stored config was changed"
         )
     config = json.loads(blob)
     check_config(config, run.data.params, run.data.tags)
@@ -149,7 +153,7 @@ def check_config(config: dict[str, Any], params: dict[str, str], tags: dict[str,
 
     for key, value in flatten({k: v for k, v in config.items() if k != "speedup"}).items():
         logged = params.get(key)
-        resumed = key.split(".")[1] in CADENCE_KEYS and key.startswith("train.") and tags.get(f"resumed.{key}")
+        resumed = key.startswith("train.") and key.split(".")[1] in CADENCE_KEYS and tags.get(f"resumed.{key}")
         if logged != str(value) and resumed != str(value):
             raise CannotReproduce(
                 f"config.json sets {key} = {short(str(value))}, but the run logged {short(str(logged))}: "
@@ -201,15 +205,13 @@ def reproduce(run_id: str, *, data: str | None, keep: bool, rtol: float, atol: f
         raise CannotReproduce(f"run {run_id} was tagged not reproducible when it ran: {why}")
     root = repo_root()
     recorded = old.data.tags.get("data.path", "data/prepared")
-    if not data:
-        try:
-            safe_relative(recorded, "data.path")
-        except CannotReproduce:
-            raise CannotReproduce(
-                f"data.path = {recorded!r} is not allowed: the run's data must be a relative path inside "
-                "the repository; pass --data FOLDER to name it"
-            ) from None
-    data_dir = Path(data) if data else root / recorded
+    try:
+        data_dir = Path(data) if data else root / safe_relative(recorded, "data.path")
+    except CannotReproduce:
+        raise CannotReproduce(
+            f"data.path = {recorded!r} is not allowed: the run's data must be a relative path inside "
+            "the repository; pass --data FOLDER to name it"
+        ) from None
     if not data_dir.is_dir():
         how = "--data" if data else f"the run's data.path {old.data.tags.get('data.path')!r} under {root}"
         raise CannotReproduce(
