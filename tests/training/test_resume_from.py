@@ -7,26 +7,14 @@ import json
 import pytest
 import torch
 from mlflow import MlflowClient
+from test_resume import StopAtCheck
 
 from helpers import REPO, histories, tiny_params, train_here, write_params
 from scalelab.config import ConfigError, load_params, parse_params
-from scalelab.runtime.signals import StopFlag
 from scalelab.tracking import tracking_uri
 from scalelab.training.submit import plan_job
 
 SINGLE = {"strategy": "single", "nproc_per_node": 1, "checkpoint_every_steps": 10}
-
-
-class StopAtCheck(StopFlag):
-    """Behaves as if the preemption signal arrived just before step `k` ended."""
-
-    def __init__(self, k: int) -> None:
-        super().__init__()
-        self.k, self.calls = k, 0
-
-    def everywhere(self, device: torch.device) -> bool:
-        self.calls += 1
-        return self.calls == self.k
 
 
 @pytest.mark.integration  # three training runs in this process, into a real MLflow store
