@@ -5,8 +5,10 @@ DVC rewrites params.yaml on any `-S`, so each experiment's run is dirty and its 
 a stored diff is applied by reproduce as it was recorded (a redactor that edited a comment in it,
 `tokens: data.source text`, made every such reproduce fail). The only change to the shipped file is
 `train.epochs` (30 -> 2, by text substitution, so every comment stays), and the commands name the
-`train` stage as their target: evaluate and the speedup study make no training run. The queued
-commands run together (`dvc queue start -j 2`), as the README runs them.
+`train` stage as their target: evaluate and the speedup study make no training run. The commands
+that run in the workspace on the digits data run one after another in one copy (each reproduced
+while the workspace holds its data); the gpt command has its own; the queued ones run together
+(`dvc queue start -j 2`), as the README runs them.
 """
 
 from __future__ import annotations
@@ -66,7 +68,9 @@ def small_corpus(folder: Path, num_files: int = 12) -> None:
 
 
 QUEUED = [a for a in EXPERIMENTS if "--queue" in a]  # run together, as the README runs them
-GROUPS = [[a] for a in EXPERIMENTS if "--queue" not in a] + ([QUEUED] if QUEUED else [])
+CORPUS = [a for a in EXPERIMENTS if "data.text.path=data/raw/stdlib" in a]  # gpt: a data set of its own
+HERE = [a for a in EXPERIMENTS if a not in QUEUED + CORPUS]  # one after another in one workspace
+GROUPS = [g for g in (HERE, CORPUS, QUEUED) if g]
 
 
 def test_the_readme_commands_were_found():
@@ -87,24 +91,32 @@ def test_readme_experiments_reproduce(tmp_path, commands):
         small_corpus(repo / "data/raw/stdlib")
 
     client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
-    for args in commands:  # the train stage as the target: evaluate and the study make no training run
+    if commands != QUEUED:  # each in the workspace, reproduced while the workspace holds its data
+        for args in commands:  # the train stage as the target: evaluate and the study make no training run
+            subprocess.run(["git", "checkout", "--", "params.yaml", "dvc.lock"], cwd=repo, check=True)
+            run_cli("dvc", "exp", "run", *args, "train", cwd=repo, timeout=900)
+            reproduces(repo, client, json.loads((repo / "results/train/run.json").read_text())["run_id"], args)
+        return
+    for args in commands:  # queued: run together, as the README runs them
         run_cli("dvc", "exp", "run", *args, "train", cwd=repo, timeout=900)
-    if commands == QUEUED:
-        run_cli("dvc", "queue", "start", "-j", "2", cwd=repo)
-        status = lambda: run_cli("dvc", "queue", "status", cwd=repo).stdout  # noqa: E731
-        names = [args[args.index("-n") + 1] for args in QUEUED]
-        logs = queue_logs(repo, *names)
-        wait_for(lambda: "Queued" not in status() and "Running" not in status(), 900, "the queue", log=logs, poll_s=3)
-        assert status().count("Success") == len(QUEUED), output_tail(logs)
-        experiment = client.get_experiment_by_name("scalelab").experiment_id
-        query = "tags.`scalelab.kind` = 'train' and tags.`dvc.exp_name` = '{}'"
-        run_ids = [client.search_runs([experiment], query.format(name))[0].info.run_id for name in names]
-        run_cli("dvc", "repro", "prepare", cwd=repo)  # their data, here: the queue ran in copies
-    else:
-        run_ids = [json.loads((repo / "results/train/run.json").read_text())["run_id"]]
-    for run_id in run_ids:
-        tags = client.get_run(run_id).data.tags
-        assert tags["scalelab.reproducible"] == "true", tags.get("scalelab.not_reproducible")
-        assert tags["provenance.redactions"] == "0"  # nothing here is a secret
-        proc = run_cli("reproduce", run_id, "--yes", cwd=repo, check=False, timeout=900)
-        assert proc.returncode == 0 and "RESULT: match" in proc.stdout, f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+    run_cli("dvc", "queue", "start", "-j", "2", cwd=repo)
+    status = lambda: run_cli("dvc", "queue", "status", cwd=repo).stdout  # noqa: E731
+    names = [args[args.index("-n") + 1] for args in commands]
+    logs = queue_logs(repo, *names)
+    wait_for(lambda: "Queued" not in status() and "Running" not in status(), 900, "the queue", log=logs, poll_s=3)
+    assert status().count("Success") == len(commands), output_tail(logs)
+    experiment = client.get_experiment_by_name("scalelab").experiment_id
+    query = "tags.`scalelab.kind` = 'train' and tags.`dvc.exp_name` = '{}'"
+    run_cli("dvc", "repro", "prepare", cwd=repo)  # their data, here: the queue ran in copies
+    for name, args in zip(names, commands):
+        reproduces(repo, client, client.search_runs([experiment], query.format(name))[0].info.run_id, args)
+
+
+def reproduces(repo: Path, client: MlflowClient, run_id: str, args: list[str]) -> None:
+    tags = client.get_run(run_id).data.tags
+    assert tags["scalelab.reproducible"] == "true", (args, tags.get("scalelab.not_reproducible"))
+    assert tags["provenance.redactions"] == "0", args  # nothing here is a secret
+    proc = run_cli("reproduce", run_id, "--yes", cwd=repo, check=False, timeout=900)
+    assert proc.returncode == 0 and "RESULT: match" in proc.stdout, (
+        f"{args}\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+    )

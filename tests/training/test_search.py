@@ -112,12 +112,12 @@ def test_a_local_grid_over_two_seeds_prints_the_best_trial_and_the_mean_per_sett
         tiny_params(
             train={"strategy": "single", "nproc_per_node": 1, "optimizer": "sgd", "epochs": 1},
             tracking={"system_metrics_interval_s": 0},
-            sweep={"launcher": "local", "evaluate": False},
+            sweep={"launcher": "slurm", "evaluate": False},  # -S sweep.launcher=local runs it here (issue 31)
         ),
     )
     out = run_cli(
         "sweep", "submit", "--name", "seeds", "--data", str(prepared_digits), "--parallel", "2",
-        "-S", "train.seed=0,1", "-S", "train.lr=0.01,0.1", cwd=workdir, timeout=600,
+        "-S", "sweep.launcher=local", "-S", "train.seed=0,1", "-S", "train.lr=0.01,0.1", cwd=workdir, timeout=600,
     ).stdout  # fmt: skip
     folder = workdir / "results/sweeps/seeds"
     study = study_of(folder)

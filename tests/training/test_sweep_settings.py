@@ -1,6 +1,7 @@
 """Every `-S` of `scalelab sweep submit` applies or is refused: `sweep.*` and `slurm.*` keys set the
 submission itself (one value), the rest span the grid or the search space; a submission that SLURM
-refuses exits 2 with one line, ends its parent run FAILED and frees the name."""
+refuses exits 2 with one line, ends its parent run FAILED and frees the name. (`-S sweep.launcher=local`
+running a grid here, over params that say slurm: tests/training/test_search.py's local grid.)"""
 
 import os
 
@@ -20,17 +21,6 @@ def test_a_setting_applies_to_the_submission_and_is_no_dimension(workdir):
         sweep.settings("params.yaml", ["sweep.launcher=local,slurm", "train.lr=0.001,0.002"])
     with pytest.raises(ConfigError, match="sweep.launcher"):  # the schema's own check, naming the key
         sweep.settings("params.yaml", ["sweep.launcher=pbs", "train.lr=0.001,0.002"])
-
-
-@pytest.mark.integration
-@pytest.mark.slow  # two tiny training jobs
-def test_sweep_launcher_local_given_with_s_runs_the_grid_here(workdir, prepared_digits):
-    write_params(workdir / "params.yaml", tiny_params(train={"epochs": 1}, sweep={"launcher": "slurm"}))
-    args = ["sweep", "submit", "--name", "here", "--data", str(prepared_digits), "--parallel", "1"]
-    proc = run_cli(*args, "-S", "sweep.launcher=local", "-S", "train.lr=0.001,0.002", cwd=workdir, timeout=600)
-    assert "sbatch" not in proc.stderr, proc.stderr[-3000:]
-    summary = (workdir / "results/sweeps/here/summary.csv").read_text()
-    assert summary.count(",finished,") == 2, summary
 
 
 @pytest.mark.integration
