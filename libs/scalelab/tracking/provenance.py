@@ -345,14 +345,13 @@ def scrub(tags: dict[str, str], artifacts: dict[str, str | bytes]) -> tuple[dict
             count += n
             continue
         tag = f"provenance.{Path(name).name}"
-        found = diff_findings(text.decode("utf-8", "surrogateescape"))
-        if found:
+        if len(text) > DIFF_MAX_BYTES:  # not stored anyway: not scanned either (the job's start waits)
+            out_tags[f"{tag}.omitted_bytes"] = str(len(text))
+            reasons.append(f"{name} is {len(text)} bytes, over {DIFF_MAX_BYTES}: it is not stored")
+        elif found := diff_findings(text.decode("utf-8", "surrogateescape")):
             more = f" and {len(found) - 1} more" if len(found) > 1 else ""
             out_tags[f"{tag}.withheld"] = f"a secret at {found[0]}{more}"
             reasons.append(f"the uncommitted changes hold a secret at {found[0]}{more}: {name} is not stored")
-        elif len(text) > DIFF_MAX_BYTES:
-            out_tags[f"{tag}.omitted_bytes"] = str(len(text))
-            reasons.append(f"{name} is {len(text)} bytes, over {DIFF_MAX_BYTES}: it is not stored")
         else:
             out_texts[name] = text
             out_tags[f"{tag}.sha256"] = hashlib.sha256(text).hexdigest()

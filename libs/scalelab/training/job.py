@@ -217,7 +217,7 @@ def _train(
         disable=not env.is_main,
         file=sys.stderr,
         mininterval=1.0 if sys.stderr.isatty() else 10.0,
-        desc=run_name(params, env.world_size),
+        desc=run_name(params, env.world_size) if env.is_main else None,  # the name reads git: rank 0 only
     )
     stopped = early_stop = pruned = False
     pruning = Pruning.of(out)  # a search trial: its pruner may stop it at a validation
