@@ -8,7 +8,7 @@ export PATH := $(BIN):$(PATH)
 HOST ?= 127.0.0.1
 PORT ?= 5000
 
-.PHONY: setup repro dvc-lock test test-fast lint ui bench lock mlflow-server slurm-up slurm-down clean
+.PHONY: setup repro dvc-lock test test-fast lint ui bench lock mlflow-server store store-stop slurm-up slurm-down clean
 
 setup: $(STAMP)
 
@@ -74,6 +74,16 @@ ui: setup
 # A shared tracking server (see slurm/README.md): binds 127.0.0.1 unless HOST is given.
 mlflow-server: setup
 	slurm/mlflow-server.sh
+
+# A real S3 server on this machine (rclone serve s3 on 127.0.0.1:STORE_PORT, generated credentials),
+# made this clone's store: DVC's default remote in .dvc/config.local. Objects stay under STORE_DIR.
+STORE_DIR  ?= $(HOME)/.local/share/scalelab/store
+STORE_PORT ?= 9010
+store: setup
+	$(BIN)/scalelab store serve --base $(STORE_DIR) --port $(STORE_PORT)
+
+store-stop: setup
+	$(BIN)/scalelab store stop --base $(STORE_DIR)
 
 # Benchmarks: JSON figures under results/bench/.
 bench: setup

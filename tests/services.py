@@ -282,3 +282,23 @@ def browser() -> Iterator[object]:
             yield chromium
         finally:
             chromium.close()
+
+
+@contextmanager
+def s3_server(base: Path, credentials: tuple[str, str] | None = None) -> Iterator[object]:
+    """The real local S3 server of `make store` (rclone serve s3) over `base`, on a free port:
+    yields scalelab.storage.server.Server (`.store()` is its bucket as a Store)."""
+    from scalelab.storage import server as store_server
+
+    found = store_server.start(base, free_port(), credentials=credentials)
+    try:
+        yield found
+    finally:
+        store_server.stop(base)
+
+
+@pytest.fixture
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A local S3 server with an empty bucket, for one test."""
+    with s3_server(tmp_path_factory.mktemp("s3")) as found:
+        yield found

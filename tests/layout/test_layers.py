@@ -16,6 +16,7 @@ PACKAGE = REPO / "libs/scalelab"
 LAYERS = {
     "runtime": 0,
     "config": 0,
+    "storage": 0,
     "data": 1,
     "tracking": 1,
     "launch": 2,

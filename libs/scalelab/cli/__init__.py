@@ -41,6 +41,7 @@ COMMANDS: dict[str, tuple[str, str | None]] = {
     "reproduce": ("scalelab.cli.reproduce", "rerun a tracked run from its provenance and compare"),
     "sample": ("scalelab.cli.sample", "text sampled from a trained language model (gpt)"),
     "send-metrics": ("scalelab.cli.send_metrics", "store the metrics a job wrote to unsent-metrics-<run>.json"),
+    "store": ("scalelab.cli.store", "the lab's shared store: set, check, or serve one on this machine (rclone)"),
     "bench": ("scalelab.bench.suite", "benchmarks that write results/bench/*.json"),
     "train-worker": ("scalelab.cli.train_worker", None),
     "cell-worker": ("scalelab.cli.cell_worker", None),
