@@ -7,10 +7,12 @@ import stat
 import subprocess
 
 import pytest
-from services import s3  # noqa: F401 (fixture)
 
 from helpers import BIN
 from scalelab.storage import Store, configured
+from services import s3  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.integration
 
 
 def run_ok(cmd, cwd):
