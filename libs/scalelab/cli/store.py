@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from scalelab.storage import Store, configured, server
+    from scalelab.storage import Store, configured, server, write_remote
 
     repo = Path(args.repo)
     if args.action == "set":
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
             os.environ.get("AWS_SECRET_ACCESS_KEY", ""),
         )
         store.check()  # before anything is written: refused credentials change nothing
-        configure(repo, store, local=args.local)
+        write_remote(repo, store, local=args.local)
         print(f"store: {store.describe()} (DVC remote {store.remote!r}, default)")
         return 0
     if args.action == "check":
@@ -75,25 +75,7 @@ def run(args: argparse.Namespace) -> int:
     found = server.running(args.base)
     if found is None:
         found = server.start(args.base, args.port)
-    configure(repo, found.store(), local=True)
+    write_remote(repo, found.store(), local=True)
     found.store().check()
     print(f"store: {found.store().describe()} over {found.base}/data (log {found.log}); stop it with make store-stop")
     return 0
-
-
-def configure(repo: Path, store, local: bool) -> None:
-    """Writes `store` as DVC's default remote; its credentials go to .dvc/config.local, 0600."""
-    from dvc.config import Config
-
-    config = Config(dvc_dir=str(repo / ".dvc"))
-    with config.edit("local" if local else "repo") as conf:
-        conf.setdefault("core", {})["remote"] = store.remote
-        remote = {"url": store.url, **({"endpointurl": store.endpoint} if store.endpoint else {})}
-        conf.setdefault("remote", {})[store.remote] = remote
-    if store.access_key_id:
-        with config.edit("local") as conf:
-            keys = {"access_key_id": store.access_key_id, "secret_access_key": store.secret_access_key}
-            conf.setdefault("remote", {}).setdefault(store.remote, {}).update(keys)
-    local_file = repo / ".dvc" / "config.local"
-    if local_file.exists():
-        os.chmod(local_file, 0o600)

@@ -21,6 +21,16 @@ from scalelab.storage.store import (
     configured,
     filesystem,
     is_url,
+    write_remote,
 )
 
-__all__ = ["CHECKPOINTS", "MLFLOW_ARTIFACTS", "Store", "StoreError", "configured", "filesystem", "is_url"]
+__all__ = [
+    "CHECKPOINTS",
+    "MLFLOW_ARTIFACTS",
+    "Store",
+    "StoreError",
+    "configured",
+    "filesystem",
+    "is_url",
+    "write_remote",
+]

@@ -169,3 +169,23 @@ def filesystem(location: str | os.PathLike, store: Store | None = None):
     if store is not None and store.contains(text) and store.is_s3:
         return s3_filesystem(store), text.removeprefix("s3://")
     return fsspec.core.url_to_fs(text)
+
+
+def write_remote(repo: str | os.PathLike, store: Store, local: bool = False) -> None:
+    """Makes `store` the default DVC remote of `repo`: in `.dvc/config` (committed: the lab shares
+    it) or, with `local`, in `.dvc/config.local`; its credentials always go to `.dvc/config.local`,
+    readable by its owner only."""
+    from dvc.config import Config
+
+    config = Config(dvc_dir=str(Path(repo) / ".dvc"))
+    with config.edit("local" if local else "repo") as conf:
+        conf.setdefault("core", {})["remote"] = store.remote
+        remote = {"url": store.url, **({"endpointurl": store.endpoint} if store.endpoint else {})}
+        conf.setdefault("remote", {})[store.remote] = remote
+    if store.access_key_id:
+        with config.edit("local") as conf:
+            keys = {"access_key_id": store.access_key_id, "secret_access_key": store.secret_access_key}
+            conf.setdefault("remote", {}).setdefault(store.remote, {}).update(keys)
+    local_file = Path(repo) / ".dvc" / "config.local"
+    if local_file.exists():
+        os.chmod(local_file, 0o600)
