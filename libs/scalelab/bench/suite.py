@@ -8,6 +8,7 @@
     scalelab bench mfu --out results/bench          # GPT-style workload's FLOP/s and MFU -> mfu.json
     scalelab bench data --out results/bench         # prepare, start-up check, memory vs data size -> data.json
     scalelab bench search --out results/bench       # tpe+pruning vs random vs grid, one budget -> search.json
+    scalelab bench store --out results/bench        # dvc push/pull, a checkpoint vs plain S3 -> store.json
     scalelab bench all --out results/bench          # every benchmark with its defaults
 
 Each one also puts its figures into `<out>/summary.md`, one line per figure with its goal and
@@ -32,6 +33,7 @@ from scalelab.bench import (
     scaling,
     search,
     startup,
+    store,
     tracking_cost,
 )
 
@@ -48,6 +50,7 @@ BENCHMARKS = {
     "data": data,
     "checkpoint": checkpoint,
     "search": search,
+    "store": store,
 }
 
 

@@ -1,0 +1,281 @@
+"""Moving outputs and checkpoints through the store: `dvc push`/`dvc pull` and a sharded checkpoint
+against a plain S3 client moving the same bytes to the same server.
+
+    scalelab bench store --out results/bench     # -> results/bench/store.json
+
+The method is METHOD below; the JSON file carries it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from scalelab.bench import stats
+from scalelab.runtime.io import atomic_write_json
+from scalelab.storage import server, write_remote
+
+METHOD = """\
+A real S3 server on this machine (`rclone serve s3` over a temporary folder, as `make store`
+starts it) and a temporary git + DVC repository whose default remote is that server. For each
+size in `--sizes-mb`, one file of random bytes is `dvc add`ed (hashing is not timed). The arms are
+interleaved: in every round, for every size, `dvc push` of the file (DVC's Python API in this
+process, into a prefix of its own so that every push uploads) is paired with boto3's
+`upload_file` of the same file, and `dvc pull` (the file and its object in the DVC cache removed first) with
+boto3's `download_file`; which arm goes first alternates by round. The checkpoint pair: a state
+dict of `--checkpoint-mb` of float32 tensors written with torch.distributed.checkpoint's fsspec
+writer to the store (one process, as scalelab's checkpointer writes a rank's shards) and read back
+with its fsspec reader, against boto3 uploading and downloading the files that DCP writes for that
+state (saved once to a local folder). Figure: the median over rounds of arm / plain, with the
+bootstrap 95% interval over rounds (scalelab.bench.stats); every pulled or loaded byte is checked.
+"""
+OUT_FILE = "store.json"
+GOAL_RATIO = 1.2
+PORT_RETRIES = 5
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--sizes-mb", type=int, nargs="+", default=[10, 100, 1000], help="output sizes (default: 10 100 1000)"
+    )
+    parser.add_argument("--checkpoint-mb", type=int, default=100, help="the sharded checkpoint's size (default: 100)")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds (default: 3)")
+
+
+def timed(work: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    work()
+    return time.perf_counter() - start
+
+
+def md5_of(path: Path) -> str:
+    digest = hashlib.md5()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def random_file(path: Path, size_mb: int) -> None:
+    with open(path, "wb") as f:
+        for _ in range(size_mb):
+            f.write(os.urandom(1 << 20))
+
+
+class Bench:
+    """The server, the DVC repository and a boto3 client, in one temporary folder."""
+
+    def __init__(self, work: Path) -> None:
+        import boto3
+
+        self.work = work
+        self.server = start_server(work / "server")
+        self.store = self.server.store()
+        self.s3 = boto3.client(
+            "s3",
+            endpoint_url=self.server.endpoint,
+            aws_access_key_id=self.server.access_key_id,
+            aws_secret_access_key=self.server.secret_access_key,
+            region_name="us-east-1",
+        )
+        self.repo = work / "repo"
+        self.repo.mkdir()
+        git = ["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost"]
+        subprocess.run([*git, "init", "-q"], cwd=self.repo, check=True)
+        dvc = str(Path(sys.executable).parent / "dvc")
+        subprocess.run([dvc, "init", "-q"], cwd=self.repo, check=True)
+        subprocess.run([dvc, "config", "core.analytics", "false"], cwd=self.repo, check=True)
+        self.dvc = dvc
+
+    def close(self) -> None:
+        server.stop(self.server.base)
+
+    def add(self, name: str, size_mb: int) -> Path:
+        path = self.repo / name
+        random_file(path, size_mb)
+        subprocess.run([self.dvc, "add", "-q", name], cwd=self.repo, check=True)
+        return path
+
+    def _remote(self, prefix: str) -> None:
+        write_remote(self.repo, dataclasses.replace(self.store, url=self.store.join(prefix)), local=True)
+
+    def dvc_push(self, path: Path, prefix: str) -> float:
+        from dvc.repo import Repo
+
+        self._remote(prefix)
+        with Repo(str(self.repo)) as repo:
+            return timed(lambda: repo.push(targets=[f"{path}.dvc"]))
+
+    def dvc_pull(self, path: Path, prefix: str, md5: str) -> float:
+        from dvc.repo import Repo
+
+        self._remote(prefix)
+        (self.repo / ".dvc" / "cache" / "files" / "md5" / md5[:2] / md5[2:]).unlink()  # pulled from the store
+        path.unlink()
+        with Repo(str(self.repo)) as repo:
+            took = timed(lambda: repo.pull(targets=[f"{path}.dvc"]))
+        if md5_of(path) != md5:
+            raise RuntimeError(f"dvc pull of {path.name} from {prefix} gave other bytes")
+        return took
+
+    def plain_push(self, path: Path, key: str) -> float:
+        return timed(lambda: self.s3.upload_file(str(path), self.server.bucket, key))
+
+    def plain_pull(self, key: str, dest: Path, md5: str) -> float:
+        took = timed(lambda: self.s3.download_file(self.server.bucket, key, str(dest)))
+        if md5_of(dest) != md5:
+            raise RuntimeError(f"boto3 download of {key} gave other bytes")
+        dest.unlink()
+        return took
+
+
+def start_server(base: Path) -> server.Server:
+    import socket
+
+    for _ in range(PORT_RETRIES):  # a free port can be taken between the probe and the bind
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        try:
+            return server.start(base, port)
+        except Exception:
+            server.stop(base)
+    return server.start(base, port)
+
+
+def checkpoint_state(size_mb: int) -> dict[str, Any]:
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    per = size_mb * (1 << 20) // 4 // 8
+    return {"model": {f"layer{i}.weight": torch.randn(per, generator=generator) for i in range(8)}}
+
+
+def measure(args: argparse.Namespace, work: Path) -> dict[str, dict[str, list[float]]]:
+    bench = Bench(work)
+    try:
+        files = {size: bench.add(f"blob-{size}mb.bin", size) for size in args.sizes_mb}
+        md5 = {size: md5_of(path) for size, path in files.items()}
+        ckpt = Checkpoint(bench, checkpoint_state(args.checkpoint_mb), work)
+        rows: dict[str, dict[str, list[float]]] = {}
+        for r in range(args.repeats):
+            pairs = {}
+            for size, path in files.items():
+                prefix, key = f"dvc/{r}-{size}", f"plain/{r}-{size}/{path.name}"
+                pairs[f"push_{size}mb"] = (partial(bench.dvc_push, path, prefix), partial(bench.plain_push, path, key))
+                pairs[f"pull_{size}mb"] = (
+                    partial(bench.dvc_pull, path, prefix, md5[size]),
+                    partial(bench.plain_pull, key, work / "download.bin", md5[size]),
+                )
+            pairs["checkpoint_save"] = (partial(ckpt.save, r), partial(ckpt.plain_save, r))
+            pairs["checkpoint_load"] = (partial(ckpt.load, r), partial(ckpt.plain_load, r))
+            for name, (arm, plain) in pairs.items():  # which arm goes first alternates by round
+                row = rows.setdefault(name, {"arm_s": [], "plain_s": []})
+                first, second = ((arm, "arm_s"), (plain, "plain_s"))[:: 1 if r % 2 == 0 else -1]
+                row[first[1]].append(first[0]())
+                row[second[1]].append(second[0]())
+        return rows
+    finally:
+        bench.close()
+
+
+class Checkpoint:
+    """A sharded checkpoint of `state` through DCP's fsspec writer/reader, and the same files
+    moved by boto3."""
+
+    def __init__(self, bench: Bench, state: dict[str, Any], work: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        self.bench, self.state, self.work = bench, state, work
+        self.local = work / "dcp-local"
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(str(self.local)))
+        self.parts = sorted(p for p in self.local.iterdir() if p.is_file())
+
+    def url(self, r: int) -> str:
+        return self.bench.store.join(f"ckpt/{r}")
+
+    def save(self, r: int) -> float:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+        writer = FsspecWriter(self.url(r), **self.bench.store.options())
+        return timed(lambda: dcp.save(self.state, storage_writer=writer))
+
+    def load(self, r: int) -> float:
+        import torch
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+        target = {"model": {k: torch.empty_like(v) for k, v in self.state["model"].items()}}
+        reader = FsspecReader(self.url(r), **self.bench.store.options())
+        took = timed(lambda: dcp.load(target, storage_reader=reader))
+        if not all(torch.equal(target["model"][k], v) for k, v in self.state["model"].items()):
+            raise RuntimeError(f"the checkpoint loaded from {self.url(r)} differs from the one saved")
+        return took
+
+    def plain_save(self, r: int) -> float:
+        bucket, s3 = self.bench.server.bucket, self.bench.s3
+        return timed(lambda: [s3.upload_file(str(p), bucket, f"plain-ckpt/{r}/{p.name}") for p in self.parts])
+
+    def plain_load(self, r: int) -> float:
+        bucket, s3, dest = self.bench.server.bucket, self.bench.s3, self.work / "plain-load"
+        dest.mkdir(exist_ok=True)
+        took = timed(
+            lambda: [s3.download_file(bucket, f"plain-ckpt/{r}/{p.name}", str(dest / p.name)) for p in self.parts]
+        )
+        for p in self.parts:
+            if md5_of(dest / p.name) != md5_of(p):
+                raise RuntimeError(f"boto3 download of plain-ckpt/{r}/{p.name} gave other bytes")
+        shutil.rmtree(dest)
+        return took
+
+
+def summarize(rows: dict[str, dict[str, list[float]]], args: argparse.Namespace) -> dict[str, Any]:
+    figures = {}
+    for name, row in rows.items():
+        figures[name] = {**row, **stats.ratio_figures(row["arm_s"], row["plain_s"])}
+        figures[name]["meets_goal"] = figures[name]["median_ratio"] <= GOAL_RATIO
+    return {
+        "benchmark": "store",
+        "method": METHOD.strip(),
+        "sizes_mb": args.sizes_mb,
+        "checkpoint_mb": args.checkpoint_mb,
+        "repeats": args.repeats,
+        "goal_ratio": GOAL_RATIO,
+        "figures": figures,
+        "meets_goal": all(f["meets_goal"] for f in figures.values()),
+        **stats.machine(),
+    }
+
+
+def run(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
+    """Measures in a temporary folder, writes store.json and one summary line per pair."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="scalelab-bench-store-"))
+    try:
+        result = summarize(measure(args, work), args)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    atomic_write_json(out_dir / OUT_FILE, result)
+    for name, fig in result["figures"].items():
+        low, high = fig["ci95"]
+        ratio = f"{fig['median_ratio']:.2f} (95% CI {low:.2f}-{high:.2f})"
+        text = f"{name.replace('_', ' ')}: scalelab/plain S3 client {ratio}"
+        stats.write_summary_line(out_dir, f"store_{name}", text, f"<= {GOAL_RATIO}", fig["meets_goal"])
+    return result
+
+
+def headline(result: dict, out: Path) -> str:
+    parts = [f"{name} {fig['median_ratio']:.2f}x" for name, fig in result["figures"].items()]
+    return f"store vs a plain S3 client: {', '.join(parts)} (goal <= {GOAL_RATIO}) -> {out / OUT_FILE}"
