@@ -2,7 +2,8 @@
 # Shared settings and helpers for start.sh / stop.sh (sourced, not run).
 # Usage: source common.sh [STATE_DIR]
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-S=$(realpath -m "${1:-${SCALELAB_SLURM_DIR:-/tmp/scalelab-slurm}}")   # state dir
+RAW_S=${1:-${SCALELAB_SLURM_DIR:-/tmp/scalelab-slurm}}
+S=$(realpath -m "$RAW_S")   # state dir: configs, pid files, logs, the accounting DB (own_state_dir)
 CLUSTER=${SCALELAB_SLURM_CLUSTER:-scalelab}
 HOST=$(hostname -s)
 # Ports (override through the environment if they clash with something).
@@ -19,6 +20,28 @@ HOSTS_MARK="# added by scalelab slurm/local/start.sh"
 export SLURM_CONF=$S/slurm.conf
 
 log() { echo "${0##*/}: $*" >&2; }
+
+# own_state_dir [create]: the state dir is a real folder (not a symlink) owned by this user and
+# closed to others (0700), or it is refused (exit 2) before anything is read or written in it.
+# These scripts run as root and render the daemons' configs there, and .ci/run sources env.sh from
+# it: a folder another user made first in /tmp would let that user control both.
+own_state_dir() {
+  local owner
+  if [[ -L ${RAW_S%/} ]] || { [[ -e $S ]] && [[ ! -d $S ]]; }; then
+    log "refusing state dir $RAW_S: not a plain folder (a symlink or a file); remove it or set SCALELAB_SLURM_DIR"
+    exit 2
+  fi
+  if [[ -d $S ]]; then
+    owner=$(stat -c %u "$S")
+    if [[ $owner != "$(id -u)" ]]; then
+      log "refusing state dir $S: it belongs to uid $owner, not to $(id -un) (whoever made it could rewrite the cluster's config); remove it or set SCALELAB_SLURM_DIR"
+      exit 2
+    fi
+    chmod 0700 "$S"
+  elif [[ ${1:-} == create ]]; then
+    (umask 077 && mkdir -p "$S")
+  fi
+}
 
 # alive PIDFILE [COMM]: the pid in PIDFILE runs (and its command name is COMM).
 alive() {
@@ -42,17 +65,20 @@ wait_for() {
   return 1
 }
 
-# stop_pidfile NAME PIDFILE: SIGTERM, wait up to 10 s, then SIGKILL.
+# stop_pidfile NAME PIDFILE COMM: SIGTERM, wait up to 10 s, then SIGKILL; only when the pid in
+# PIDFILE runs a command named COMM (a stale or planted pid file names someone else's process).
 stop_pidfile() {
-  local name=$1 f=$2 pid i
-  if alive "$f"; then
+  local name=$1 f=$2 comm=$3 pid i
+  if alive "$f" "$comm"; then
     pid=$(cat "$f")
     log "stopping $name (pid $pid)"
     kill -TERM "$pid" 2>/dev/null || true
     # alive, not kill -0: an exited daemon may linger as a zombie when PID 1
     # does not reap orphans (containers/microVMs).
-    for ((i = 0; i < 100; i++)); do alive "$f" || break; sleep 0.1; done
-    if alive "$f"; then log "killing $name"; kill -KILL "$pid" 2>/dev/null || true; fi
+    for ((i = 0; i < 100; i++)); do alive "$f" "$comm" || break; sleep 0.1; done
+    if alive "$f" "$comm"; then log "killing $name"; kill -KILL "$pid" 2>/dev/null || true; fi
+  elif alive "$f"; then
+    log "not stopping pid $(cat "$f") of $f: it runs $(cat "/proc/$(cat "$f")/comm" 2>/dev/null), not $comm"
   fi
   rm -f "$f"
 }

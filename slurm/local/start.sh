@@ -8,6 +8,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh" "${1:-}"
 t0=$SECONDS
+own_state_dir create
 mkdir -p "$S"/{run,log,ctld,spool/n1,spool/n2,mysql}
 
 render() {  # render NAME: STATE_DIR/NAME.new from slurm/local/NAME.in

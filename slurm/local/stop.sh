@@ -6,6 +6,7 @@
 # resumes from it; delete it for a fresh cluster.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh" "${1:-}"
+own_state_dir
 
 if alive "$S/run/slurmctld.pid" slurmctld; then
   mapfile -t jobs < <(squeue -h -o %A 2>/dev/null | sort -u)
@@ -16,12 +17,12 @@ if alive "$S/run/slurmctld.pid" slurmctld; then
     wait_for "jobs to end" 30 sh -c '[ -z "$(squeue -h -o %A)" ]' || true
   fi
 fi
-for n in "${NODES[@]}"; do stop_pidfile "slurmd $n" "$S/run/slurmd-$n.pid"; done
-stop_pidfile slurmctld "$S/run/slurmctld.pid"
-stop_pidfile slurmdbd "$S/run/slurmdbd.pid"
-stop_pidfile mariadbd "$S/run/mariadb.pid"
+for n in "${NODES[@]}"; do stop_pidfile "slurmd $n" "$S/run/slurmd-$n.pid" slurmd; done
+stop_pidfile slurmctld "$S/run/slurmctld.pid" slurmctld
+stop_pidfile slurmdbd "$S/run/slurmdbd.pid" slurmdbd
+stop_pidfile mariadbd "$S/run/mariadb.pid" mariadbd
 if [[ -e $S/run/munged.ours ]]; then   # only a munged that start.sh started
-  stop_pidfile munged /run/munge/munged.pid
+  stop_pidfile munged /run/munge/munged.pid munged
   rm -f "$S/run/munged.ours"
 fi
 
