@@ -23,6 +23,10 @@ def test_the_printed_address_opens_the_training_runs_table(workdir, prepared_dig
         printed = re.search(r"MLflow UI, experiment 'scalelab': (\S+)", (tmp_path / "ui.log").read_text())
         assert printed, (tmp_path / "ui.log").read_text()
         address = printed.group(1)
+        import psutil  # the store's URI (a database password, for some) reaches MLflow by the environment
+
+        argv = " ".join(psutil.Process(ui.proc.pid).cmdline())
+        assert "mlflow.db" not in argv and "sqlite:" not in argv, argv
         assert address.startswith(f"{ui.url}/#/experiments/")
         assert address.endswith("/runs?workflowType=machine_learning")
         page = browser.new_page(viewport={"width": 1600, "height": 1000})
