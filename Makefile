@@ -12,17 +12,23 @@ PORT ?= 5000
 
 setup: $(STAMP)
 
-# Exact versions from requirements.lock. pip installs torch (its choice of build, as always: the local
-# CPU wheel on CPU machines, the CUDA build and its nvidia packages on GPU machines) and uv; uv installs
-# the rest; then the venv's bytecode is compiled on every core (about 35 s in all here, pip took 80 s).
+# Exact versions from requirements.lock, each with its sha256: everything is installed with
+# --require-hashes except torch, whose one pin takes the local CPU wheel on CPU machines and the CUDA
+# build (and its nvidia packages) on GPU machines: different files, so no hash can hold for both.
+# pip installs uv (by its hash) and torch (constrained to the lock's versions); uv installs the rest;
+# then the venv's bytecode is compiled on every core (about 35 s in all here, pip took 80 s).
 # As with pip, a file that does not compile on this Python (torch ships a 3.12-only module) is skipped.
 # --system-certs: uv trusts the machine's CA store, as pip does (a proxy's CA may be installed there).
-UV := $(BIN)/uv pip install --quiet --system-certs --python $(BIN)/python
+UV  := $(BIN)/uv pip install --quiet --system-certs --python $(BIN)/python
+PIP := $(BIN)/pip install --quiet --disable-pip-version-check --no-compile
 $(STAMP): requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-compile -c requirements.lock \
-		$$(grep -E '^(torch|uv)==' requirements.lock)
-	$(UV) -r requirements.lock
+	sed -n '/^uv==/,/[^\\]$$/p' requirements.lock > $(VENV)/uv.txt
+	sed -e 's/ *\\$$//' -e '/^ *--hash/d' -e '/^#/d' requirements.lock > $(VENV)/pins.txt
+	$(PIP) --require-hashes --no-deps -r $(VENV)/uv.txt
+	$(PIP) -c $(VENV)/pins.txt $$(grep '^torch==' $(VENV)/pins.txt)
+	grep -v '^torch==' requirements.lock > $(VENV)/hashed.txt
+	$(UV) --require-hashes -r $(VENV)/hashed.txt
 	$(UV) --no-deps -e .
 	$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib || true
 	touch $@
@@ -98,10 +104,19 @@ slurm-down:
 	slurm/local/stop.sh
 
 # Re-resolve requirements.in into requirements.lock (keeps torch at the 2.13.0 pin).
+# requirements.in -> requirements.lock: resolved in a fresh venv in a private temporary folder, then
+# every pin but torch's gets the sha256 of each of its files on the index (uv pip compile).
 lock:
-	rm -rf /tmp/scalelab-lock && $(PYTHON) -m venv /tmp/scalelab-lock
-	/tmp/scalelab-lock/bin/pip install --quiet -r requirements.in
-	/tmp/scalelab-lock/bin/pip freeze | sed -e 's/^torch==\(.*\)+cpu$$/torch==\1/' > requirements.lock
+	set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	$(PYTHON) -m venv "$$tmp/venv"; \
+	"$$tmp/venv/bin/pip" install --quiet -r requirements.in; \
+	"$$tmp/venv/bin/pip" freeze | sed -e 's/^torch==\(.*\)+cpu$$/torch==\1/' > "$$tmp/pins.txt"; \
+	grep -v '^torch==' "$$tmp/pins.txt" > "$$tmp/rest.txt"; \
+	"$$tmp/venv/bin/uv" pip compile --quiet --system-certs "$$tmp/rest.txt" --generate-hashes \
+		--python-version 3.11 --no-header --no-annotate -o "$$tmp/hashed.txt"; \
+	{ echo "# make lock writes this file: every package with its sha256 (make setup installs them with --require-hashes),"; \
+	  echo "# except torch: its one pin takes the CPU wheel on CPU machines and the CUDA build on GPU machines (other files)."; \
+	  grep '^torch==' "$$tmp/pins.txt"; cat "$$tmp/hashed.txt"; } > requirements.lock
 
 clean:
 	rm -rf results data/prepared
