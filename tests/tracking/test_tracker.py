@@ -1,5 +1,6 @@
 """The MLflow tracker on a real SQLite store: batching, the writer process, flush on failure."""
 
+import os
 import time
 from unittest.mock import ANY
 
@@ -191,3 +192,16 @@ def test_a_relative_sqlite_uri_keeps_the_artifacts_beside_its_database(store_rea
     client = MlflowClient("sqlite:///mlflow.db")  # relative to the working folder, as MLflow reads it
     exp = client.get_experiment(tracking.experiment_id(client, "relative"))
     assert exp.artifact_location == (store_ready / "mlruns").as_uri()
+
+
+def test_a_new_sqlite_store_is_its_owners_alone_whatever_the_umask(workdir):
+    import stat
+
+    old = os.umask(0o002)  # group-writable, world-readable by default
+    try:
+        tracker = tracking.MlflowTracker.open("t", run_name="r")
+        tracker.finish("FINISHED")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((workdir / "mlflow.db").stat().st_mode) == 0o600
+    assert stat.S_IMODE((workdir / "mlruns").stat().st_mode) == 0o700

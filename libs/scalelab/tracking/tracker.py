@@ -69,15 +69,31 @@ def sqlite_file(uri: str) -> Path | None:
 @contextmanager
 def store_init_lock(uri: str) -> Iterator[None]:
     """Held while this process first touches an SQLite store: two jobs started at once (queued DVC
-    experiments) must not both create its tables. A no-op for a server."""
+    experiments) must not both create its tables. A no-op for a server.
+
+    The store it creates is its owner's alone (`private_store`)."""
     db = sqlite_file(uri)
     if db is None:
         yield
         return
     db.parent.mkdir(parents=True, exist_ok=True)
-    with open(db.with_name(db.name + ".init-lock"), "a") as fh:
+    lock = os.open(db.with_name(db.name + ".init-lock"), os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600)
+    with os.fdopen(lock, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
+        private_store(uri)
         yield
+
+
+def private_store(uri: str) -> None:
+    """Creates an SQLite store's file (0600) and artifact folder `mlruns/` (0700) if they are not
+    there yet, whatever the umask, before MLflow creates them: a store that others can read shows
+    them every run (SQLite gives its journal the database's mode). A no-op for a server."""
+    db = sqlite_file(uri)
+    if db is None or db.exists():
+        return
+    db.parent.mkdir(parents=True, exist_ok=True)
+    os.close(os.open(db, os.O_CREAT | os.O_WRONLY, 0o600))
+    (db.parent / "mlruns").mkdir(mode=0o700, exist_ok=True)
 
 
 class Tracker:
@@ -133,7 +149,8 @@ class MlflowTracker(Tracker):
         to RUNNING)."""
         from mlflow import MlflowClient
 
-        client = MlflowClient(tracking_uri())
+        with store_init_lock(tracking_uri()):  # MlflowClient creates an SQLite store's tables
+            client = MlflowClient(tracking_uri())
         if run_id is not None:
             client.update_run(run_id, status="RUNNING")
             return cls(client, run_id)
@@ -319,8 +336,8 @@ def runs_table(base_url: str, experiment: str) -> str:
     with the tag that makes the UI open it on its runs, if the store does not have it yet)."""
     from mlflow import MlflowClient
 
-    client = MlflowClient(tracking_uri())
-    with store_init_lock(client.tracking_uri):
+    with store_init_lock(tracking_uri()):
+        client = MlflowClient(tracking_uri())
         exp = experiment_id(client, experiment)
     for key, value in EXPERIMENT_TAGS.items():  # an experiment made before the tag existed
         client.set_experiment_tag(exp, key, value)
