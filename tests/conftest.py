@@ -214,8 +214,8 @@ def repo_copy(tmp_path: Path) -> Path:
 def trained_pipeline(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
     """`dvc repro` of prepare, train and evaluate with the default params in a committed copy of the
     repo, left dirty (params.yaml and dvc.yaml rewritten without the study, and
-    tracking.system_metrics_interval_s 2.0) with an untracked notes.txt. Tests only read it: its
-    files and its mlflow.db (a test that reruns something copies it first).
+    tracking.system_metrics_interval_s 2.0, tracking.upload_untracked true) with an untracked
+    notes.txt. Tests only read it: its files and its mlflow.db (a test that reruns something copies it first).
 
     Built once per session: under pytest-xdist, the first worker to ask builds it under a lock in
     the session's shared temporary folder, the others wait and reuse it. A marker file is written
@@ -236,6 +236,7 @@ def trained_pipeline(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -
             copy_repo(repo)
             params = yaml.safe_load((repo / "params.yaml").read_text())
             params["tracking"]["system_metrics_interval_s"] = 2.0
+            params["tracking"]["upload_untracked"] = True  # notes.txt goes into the run, for reproduce
             training_pipeline(repo, params)
             (repo / "notes.txt").write_text("an untracked file\n")
             run_cli("dvc", "repro", cwd=repo, timeout=900)

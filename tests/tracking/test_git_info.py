@@ -40,3 +40,29 @@ def test_what_dvc_writes_is_not_source_but_a_code_edit_is(tmp_path):
     tags, diffs = git_info(tmp_path)
     assert tags["git.dirty"] == "true"
     assert b"+x = 2" in diffs["provenance/dirty.diff"] and b"dvc.lock" not in diffs["provenance/dirty.diff"]
+
+
+def test_untracked_files_are_named_not_read_unless_the_user_opts_in(tmp_path):
+    from scalelab.tracking.provenance import scrub
+
+    git(tmp_path, "init", "-q")
+    (tmp_path / "dvc.yaml").write_text(DVC_YAML)
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base")
+    (tmp_path / "helper.py").write_text("SECRET_SAUCE = 1\n")
+    (tmp_path / "dvc.lock").write_text("written by dvc\n")  # an output, never source
+
+    tags, texts = git_info(tmp_path)
+    assert "provenance/untracked.diff" not in texts and texts["provenance/untracked.txt"] == "helper.py\n"
+    assert tags["git.untracked_not_stored"] == "1"
+    out_tags, out_texts = scrub(tags, texts)
+    assert out_tags["scalelab.reproducible"] == "false"
+    assert "1 untracked file(s) are not stored" in out_tags["scalelab.not_reproducible"]
+    assert "SECRET_SAUCE" not in str(out_texts)
+
+    tags, texts = git_info(tmp_path, untracked_contents=True)
+    assert (
+        b"+SECRET_SAUCE = 1" in texts["provenance/untracked.diff"]
+        and b"dvc.lock" not in texts["provenance/untracked.diff"]
+    )
+    assert scrub(tags, texts)[0]["scalelab.reproducible"] == "true"

@@ -38,6 +38,11 @@ class TrackingConfig:
         doc="seconds between system-metrics samples on each node (MLflow's SystemMetricsMonitor); 0 turns them off",
     )
     run_id: str = knob("", doc="log into this existing run (set by `scalelab sweep` per element)")
+    upload_untracked: bool = knob(
+        False,
+        doc="store untracked files' contents (provenance/untracked.diff, for reproduce); false: their names only, "
+        "and a run with any is not reproducible",
+    )
 
     def check(self, prefix: str) -> None:
         check_name(f"{prefix}.experiment", self.experiment)

@@ -9,8 +9,10 @@ stored byte for byte with its sha256, or, when it adds a secret or is too large,
 the run is tagged `scalelab.reproducible: false` with the reason in `scalelab.not_reproducible`:
 
 - code: `git.commit`, `git.branch`, `git.dirty` (tracked changes against HEAD), `git.untracked`;
-  `dirty.diff` (tracked changes) and `untracked.diff` (new files git does not ignore: the first
-  UNTRACKED_MAX_FILES, each up to UNTRACKED_MAX_BYTES), both applicable with `git apply`;
+  `dirty.diff` (tracked changes) and, only when the user opts in (`tracking.upload_untracked`),
+  `untracked.diff` (new files git does not ignore: the first UNTRACKED_MAX_FILES, each up to
+  UNTRACKED_MAX_BYTES), both applicable with `git apply`; without the opt-in, `untracked.txt`
+  names them and a run with any is tagged not reproducible;
 - data: `data.path`, `data.md5` (DVC's hash of the data folder, from every file's md5: those of
   the prepared arrays as `prepare` recorded them, so a large split is not read again at start-up),
   `data.dvc_lock_md5` (what dvc.lock records for that path), `data.sha256.<file>` for every file,
@@ -92,15 +94,17 @@ def dvc_written(root: Path) -> list[str]:
     return paths
 
 
-def git_info(root: Path) -> tuple[dict[str, str], dict[str, bytes]]:
+def git_info(root: Path, untracked_contents: bool = False) -> tuple[dict[str, str], dict[str, str | bytes]]:
     """Tags for commit, branch, dirty flag and untracked files, and the diffs as artifacts, as git
-    wrote them (the source's: what DVC writes is left out, see `dvc_written`)."""
+    wrote them (the source's: what DVC writes is left out, see `dvc_written`). Untracked files'
+    contents only with `untracked_contents` (the user's opt-in), else their names."""
     commit = (_git(root, "rev-parse", "HEAD") or "unknown").strip()
     branch = (_git(root, "rev-parse", "--abbrev-ref", "HEAD") or "unknown").strip()
     source = ["--", ".", *(f":(exclude,top){path}" for path in dvc_written(root))]
     status = _git(root, "status", "--porcelain", "--untracked-files=no", *source)
     diff = _git_bytes(root, "diff", "HEAD", "--binary", *source) or b""
-    listed = [p for p in (_git(root, "ls-files", "--others", "--exclude-standard", "-z") or "").split("\0") if p]
+    others = _git(root, "ls-files", "--others", "--exclude-standard", "-z", *source) or ""
+    listed = [p for p in others.split("\0") if p]
     untracked = [p for p in listed if not is_secret_file(p)]  # a .env, a key, a token file: never read
     dirty = "unknown" if status is None else str(bool(status.strip())).lower()
     tags = {
@@ -111,7 +115,12 @@ def git_info(root: Path) -> tuple[dict[str, str], dict[str, bytes]]:
         "git.untracked_secret_files_skipped": str(len(listed) - len(untracked)),
         "mlflow.source.git.commit": commit,
     }
-    texts = {"provenance/dirty.diff": diff, "provenance/untracked.diff": _untracked_diff(root, untracked)}
+    texts: dict[str, str | bytes] = {"provenance/dirty.diff": diff}
+    if untracked_contents:
+        texts["provenance/untracked.diff"] = _untracked_diff(root, untracked)
+    elif listed:
+        tags["git.untracked_not_stored"] = str(len(listed))
+        texts["provenance/untracked.txt"] = "".join(f"{p}\n" for p in sorted(listed))
     return tags, {k: v for k, v in texts.items() if v}
 
 
@@ -305,6 +314,7 @@ def collect(
     nodes: list[dict[str, str]],
     params_sections: dict[str, Any],
     data_hashes: dict[str, tuple[str, str]] | None = None,
+    untracked_contents: bool = False,
 ) -> tuple[dict[str, str], dict[str, str | bytes]]:
     """Returns (tags, artifacts): flat string tags and {artifact name: text (a diff: its bytes)}.
 
@@ -314,8 +324,9 @@ def collect(
         nodes: `node_info()` of every rank (all_gather_object).
         params_sections: the typed param sections the stage consumed, as plain dicts.
         data_hashes: {file: (md5, sha256)} already known for files of `data_dir` (not read again).
+        untracked_contents: store untracked files' contents (tracking.upload_untracked).
     """
-    git_tags, texts = git_info(root)
+    git_tags, texts = git_info(root, untracked_contents)
     data_tags, data_texts = data_info(root, data_dir, data_hashes)
     tags = {
         **git_tags,
@@ -355,6 +366,11 @@ def scrub(tags: dict[str, str], artifacts: dict[str, str | bytes]) -> tuple[dict
         else:
             out_texts[name] = text
             out_tags[f"{tag}.sha256"] = hashlib.sha256(text).hexdigest()
+    if int(tags.get("git.untracked_not_stored", 0)):
+        reasons.append(
+            f"{tags['git.untracked_not_stored']} untracked file(s) are not stored (provenance/untracked.txt "
+            "names them): commit them, or set tracking.upload_untracked: true"
+        )
     out_tags["provenance.redactions"] = str(count)
     out_tags["provenance.diff_max_bytes"] = str(DIFF_MAX_BYTES)
     out_tags["scalelab.reproducible"] = str(not reasons).lower()

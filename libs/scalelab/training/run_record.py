@@ -46,7 +46,12 @@ def log_run_inputs(
     consumed = {"train": to_dict(params.train), "tracking": to_dict(params.tracking)}  # dvc.yaml: train
     known = recorded_hashes(read_manifest(data_dir))  # hashed by prepare; a 10 GB split is not read again
     tags, artifacts = provenance.collect(
-        repo_root(), data_dir=data_dir, nodes=nodes, params_sections=consumed, data_hashes=known
+        repo_root(),
+        data_dir=data_dir,
+        nodes=nodes,
+        params_sections=consumed,
+        data_hashes=known,
+        untracked_contents=params.tracking.upload_untracked,
     )
     if tags.get("scalelab.not_reproducible"):  # one line at the job's start, naming file and line
         log.warning("run %s will not be reproducible: %s", tracker.run_id, tags["scalelab.not_reproducible"])
