@@ -198,7 +198,7 @@ def test_a_valid_search_passes_the_checks_the_fuzz_relies_on(workdir, prepared_d
     import argparse
 
     from scalelab.config import read_yaml
-    from scalelab.training.search import plan
+    from scalelab.sweeps.search import plan
 
     (workdir / "params.yaml").write_text(yaml.safe_dump(tiny_params(sweep={"launcher": "local"})))
     options = {"method": "tpe", "trials": 3, "parallel": 2, "objective": "val_loss:min", "pruner": "median"}

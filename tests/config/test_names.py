@@ -47,7 +47,7 @@ def test_sweep_values_never_reach_a_shell(workdir, prepared_digits, tmp_path):
 
 
 def test_a_sweep_value_that_validation_accepts_is_carried_as_data(workdir, tmp_path):
-    from scalelab.training import sweep
+    from scalelab.sweeps import sweep
 
     marker = tmp_path / "pwned"
     value = f"x;touch {marker} $(touch {marker}) `touch {marker}`"  # a free-text field: valid

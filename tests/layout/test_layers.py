@@ -22,6 +22,7 @@ LAYERS = {
     "launch": 2,
     "training": 3,
     "study": 4,
+    "sweeps": 4,
     "bench": 5,
     "reproduce": 5,
     "cli": 6,

@@ -35,7 +35,7 @@ COMMANDS: dict[str, tuple[str, str | None]] = {
     "summary": ("scalelab.cli.summary", "print the pipeline's headline figures"),
     "ui": ("scalelab.cli.ui", "the MLflow UI on the project's store, opened on the experiment's runs table"),
     "sweep": (
-        "scalelab.training.sweep",
+        "scalelab.sweeps.sweep",
         "a grid of -S overrides as one SLURM job array, or an Optuna search (tpe, random); status; collect",
     ),
     "reproduce": ("scalelab.cli.reproduce", "rerun a tracked run from its provenance and compare"),

@@ -1,5 +1,5 @@
 """A search's workers: each claims trials from the study until the budget is spent, trains them,
-and tells the study how they ended (scalelab.training.search plans and starts them).
+and tells the study how they ended (scalelab.sweeps.search plans and starts them).
 
 A SLURM array element (`SearchJob`) runs its trials as ranks of one job; a local worker
 (`work_local`, `scalelab sweep worker`) runs each through `scalelab train`'s own launcher. Rank 0
@@ -24,9 +24,9 @@ from typing import Any
 from scalelab.config import ConfigError, parse_params
 from scalelab.runtime.io import atomic_write_json
 from scalelab.runtime.lock import FolderLock
+from scalelab.sweeps.manifest import Search, info
 from scalelab.tracking import MlflowTracker, tracking_uri
 from scalelab.training.pruning import TRIAL_FILE, load_study
-from scalelab.training.search import Search, info
 from scalelab.training.submit import plan_job, resolve
 
 log = logging.getLogger(__name__)

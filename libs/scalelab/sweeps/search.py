@@ -23,8 +23,6 @@ k-th round runs, read by every rank of a multi-task element); summary.csv, summa
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 import shutil
 import signal
@@ -36,63 +34,19 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.config import ConfigError, Params, parse_params
-from scalelab.config.overrides import apply
 from scalelab.config.schema import check_best_metric
-from scalelab.config.space import Dimension, corners, parse_space
+from scalelab.config.space import corners, parse_space
 from scalelab.data.store import verify
 from scalelab.launch import slurm
-from scalelab.runtime.io import atomic_write_json
+from scalelab.sweeps.manifest import SHAPE_KEYS, Search
+from scalelab.sweeps.search_collect import collect
+from scalelab.sweeps.search_worker import SearchJob
 from scalelab.tracking import MlflowTracker, tracking_uri
 from scalelab.training.pruning import PRUNERS, open_storage
 from scalelab.training.submit import plan_job
 
 METHODS = ("grid", "tpe", "random")
-SHAPE_KEYS = ("train.num_nodes", "train.nproc_per_node", "train.threads_per_process", "train.launcher")
 MANAGED_KEYS = ("train.best_metric", "train.best_mode", "tracking.run_id")  # set by the search itself
-
-
-@dataclasses.dataclass
-class Search:
-    """The manifest of a search: everything a worker needs, fixed at submit time."""
-
-    name: str
-    folder: str
-    method: str
-    trials: int
-    parallel: int
-    metric: str
-    mode: str
-    pruner: str
-    space: list[dict[str, Any]]
-    storage: str
-    data: str
-    raw: dict[str, Any]  # the params tree at submit time: a later edit of params.yaml changes nothing
-    launcher: str
-    heartbeat_s: float
-    seed: int
-    parent_run_id: str = ""
-    elements: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-
-    @property
-    def dims(self) -> dict[str, Dimension]:
-        return {d["key"]: Dimension.from_dict(d) for d in self.space}
-
-    def path(self, *parts: str) -> Path:
-        return Path(self.folder).joinpath(*parts)
-
-    def trial_dir(self, number: int) -> Path:
-        return self.path("trials", f"{number:04d}")
-
-    def save(self) -> None:
-        atomic_write_json(self.path("manifest.json"), dataclasses.asdict(self))
-
-    @classmethod
-    def load(cls, folder: str | Path) -> Search:
-        return cls(**json.loads((Path(folder) / "manifest.json").read_text()))
-
-    def trial_params(self, values: dict[str, Any]) -> dict[str, Any]:
-        """The params tree of one trial: the sampled values, and the objective as the best metric."""
-        return apply(self.raw, {**values, "train.best_metric": self.metric, "train.best_mode": self.mode})
 
 
 def parse_objective(text: str, params: Params) -> tuple[str, str]:
@@ -230,8 +184,6 @@ def submit(args: Any, folder: Path, raw: dict[str, Any], specs: list[str]) -> in
     search.save()
     if ex is None:
         return run_local(search)
-    from scalelab.training.search_worker import SearchJob
-
     with abandoned_on_failure(parent, folder), ex.batch():
         jobs = [ex.submit(SearchJob(search.folder, i)) for i in range(search.parallel)]
     search.elements = [{"index": i, "job_id": j.job_id, "log_folder": str(j.paths.folder)} for i, j in enumerate(jobs)]
@@ -255,11 +207,5 @@ def run_local(search: Search) -> int:
         for p in procs:
             p.wait()
         raise
-    from scalelab.training.search_collect import collect
-
     collect(search)
     return 0 if not any(codes) else 1
-
-
-def info(search: Search) -> dict[str, Any]:
-    return {"study": search.name, "storage": search.storage, "pruner": search.pruner, "metric": search.metric}

@@ -1,7 +1,7 @@
 """What `scalelab sweep collect` and `status` show, on sweeps made by hand (no training): the best
 trial with its MLflow run id, the run id column on screen, a pruned trial's value alike in status
 and summary.csv, and the mean and spread over seeds per setting (summary_by_setting.csv), for a
-grid on SLURM (scalelab.training.sweep) and a search or local grid (search_collect) alike."""
+grid on SLURM (scalelab.sweeps.sweep) and a search or local grid (search_collect) alike."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ import pytest
 from mlflow import MlflowClient
 
 from scalelab.config.space import parse_space
+from scalelab.sweeps import sweep
+from scalelab.sweeps.manifest import Search
+from scalelab.sweeps.sweep_table import by_setting
 from scalelab.tracking import tracking_uri
-from scalelab.training import sweep
 from scalelab.training.pruning import open_storage
-from scalelab.training.search import Search
-from scalelab.training.sweep_table import by_setting
 
 
 def make_search(workdir: Path, name: str, specs: list[str], metric: str = "val_loss", mode: str = "min") -> Search:

@@ -9,9 +9,9 @@ import pytest
 from mlflow import MlflowClient
 
 from helpers import tiny_params
-from scalelab.training import search
+from scalelab.sweeps import manifest
+from scalelab.sweeps.search_worker import claim
 from scalelab.training.pruning import load_study, open_storage
-from scalelab.training.search_worker import claim
 
 pytestmark = pytest.mark.integration
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 def a_search(workdir, data, trials):
     folder = workdir / "results/sweeps/hb"
     folder.mkdir(parents=True)
-    found = search.Search(
+    found = manifest.Search(
         name="hb", folder=str(folder), method="random", trials=trials, parallel=2, metric="val_loss", mode="min",
         pruner="none", space=[{"key": "train.lr", "kind": "float", "low": 1e-3, "high": 1e-1, "log": True,
                                "choices": []}],
@@ -40,7 +40,7 @@ def test_a_silent_trial_is_lost_and_replaced_a_beating_one_is_not(store_ready, p
     (found.trial_dir(beating) / "heartbeat").touch()
 
     replacement = claim(found, worker=1)  # the budget (2) has room once trial 0 is lost
-    study = load_study(search.info(found))
+    study = load_study(manifest.info(found))
     states = {t.number: t.state for t in study.trials}
     assert states == {0: optuna.trial.TrialState.FAIL, 1: optuna.trial.TrialState.RUNNING,
                       2: optuna.trial.TrialState.RUNNING}  # fmt: skip

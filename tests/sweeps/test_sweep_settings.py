@@ -10,7 +10,7 @@ from mlflow import MlflowClient
 
 from helpers import BIN, run_cli, tiny_params, write_params
 from scalelab.config import ConfigError
-from scalelab.training import sweep
+from scalelab.sweeps import sweep
 
 
 def test_a_setting_applies_to_the_submission_and_is_no_dimension(workdir):

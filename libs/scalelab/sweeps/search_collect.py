@@ -1,6 +1,6 @@
 """`scalelab sweep collect` of a search: summary.csv (and summary_by_setting.csv when train.seed is
 swept), the best trial so far with its run id, and once the budget is spent, the parent run's best
-trial, importance table and objective plot (scalelab.training.search runs the trials)."""
+trial, importance table and objective plot (scalelab.sweeps.search runs the trials)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from typing import Any
 
 from scalelab.launch import slurm
 from scalelab.runtime.lock import FolderLock
+from scalelab.sweeps.manifest import Search, info
+from scalelab.sweeps.search_worker import fail_stale, lose
+from scalelab.sweeps.sweep_table import BY_SETTING_FILE, best_line, by_setting, write_by_setting
 from scalelab.tracking import MlflowTracker, tracking_uri
 from scalelab.training.pruning import load_study
-from scalelab.training.search import Search, info
-from scalelab.training.search_worker import fail_stale, lose
-from scalelab.training.sweep_table import BY_SETTING_FILE, best_line, by_setting, write_by_setting
 
 
 def reported_value(trial: Any) -> float | None:

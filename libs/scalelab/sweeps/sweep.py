@@ -4,7 +4,7 @@
     scalelab sweep status  --name lr-seed
     scalelab sweep collect --name lr-seed     # -> results/sweeps/lr-seed/summary.csv, summary_by_setting.csv
     scalelab sweep submit  --name lr --method tpe --trials 40 --parallel 4 --pruner median \\
-        -S 'train.lr=loguniform(1e-4,1e-1)'   # a search: scalelab.training.search
+        -S 'train.lr=loguniform(1e-4,1e-1)'   # a search: scalelab.sweeps.search
 
 `submit` validates every element (params, data, pre-flight) before anything is submitted, makes one
 MLflow parent run and one child per element, submits the array and returns at once. Each element
@@ -27,10 +27,11 @@ from scalelab.data.store import verify
 from scalelab.launch import slurm
 from scalelab.runtime.io import atomic_write_json
 from scalelab.runtime.paths import repo_root
+from scalelab.sweeps.manifest import SHAPE_KEYS, Search
+from scalelab.sweeps.sweep_table import BY_SETTING_FILE, best_line, by_setting, write_by_setting
 from scalelab.tracking import MlflowTracker, tracking_uri
 from scalelab.training.outputs import RUN_MEANS
 from scalelab.training.submit import TrainJob, resolve
-from scalelab.training.sweep_table import BY_SETTING_FILE, best_line, by_setting, write_by_setting
 
 SWEEPS = "results/sweeps"  # under the workspace (runtime.paths.repo_root), whatever the working folder
 
@@ -38,9 +39,6 @@ SWEEPS = "results/sweeps"  # under the workspace (runtime.paths.repo_root), what
 def sweeps_root() -> Path:
     """Where sweeps live: results/sweeps of the workspace, never of the current directory."""
     return repo_root() / SWEEPS
-
-
-SHAPE_KEYS = ("train.num_nodes", "train.nproc_per_node", "train.threads_per_process", "train.launcher")
 
 
 SETTING_SECTIONS = ("sweep", "slurm")  # -S keys that configure the submission: one value, never a dimension
@@ -96,7 +94,7 @@ def submit(args: argparse.Namespace) -> int:
         raise ConfigError(f"--name {args.name!r}: {folder} already holds a sweep; pick another name")
     raw, specs = settings(args.params, args.set)
     if args.method != "grid" or parse_params(raw, args.params).sweep.launcher == "local" or args.trials:
-        from scalelab.training import search
+        from scalelab.sweeps import search
 
         return search.submit(args, folder, raw, specs)
     if args.pruner != "none":
@@ -121,7 +119,7 @@ def submit(args: argparse.Namespace) -> int:
     # the metric each element's best.pt follows ranks the elements in collect
     manifest = {"name": args.name, "parent_run_id": parent.run_id, "metric": base.train.best_metric}
     manifest.update(mode=base.train.best_mode, elements=[])
-    from scalelab.training.search import abandoned_on_failure
+    from scalelab.sweeps.search import abandoned_on_failure
 
     with abandoned_on_failure(parent, folder, children), ex.batch():
         for i, (overrides, params) in enumerate(elements):
@@ -177,17 +175,16 @@ def _search(name: str) -> Any:
     manifest = _manifest(name)
     if "method" not in manifest:
         return None
-    from scalelab.training import search
 
-    return search.Search.load(sweeps_root() / name)
+    return Search.load(sweeps_root() / name)
 
 
 def status(args: argparse.Namespace) -> int:
     found = _search(args.name)
     if found is not None:
+        from scalelab.sweeps.manifest import info
+        from scalelab.sweeps.search_collect import reported_value
         from scalelab.training.pruning import load_study
-        from scalelab.training.search import info
-        from scalelab.training.search_collect import reported_value
 
         for t in load_study(info(found)).get_trials(deepcopy=False):  # the value as summary.csv's `value`
             print(f"trial {t.number:03d}  {t.state.name:<9}  {reported_value(t)!s:<12}  {t.params}")
@@ -242,7 +239,7 @@ def collect(args: argparse.Namespace) -> int:
 
     found = _search(args.name)
     if found is not None:
-        from scalelab.training.search_collect import collect as collect_search
+        from scalelab.sweeps.search_collect import collect as collect_search
 
         collect_search(found)
         return 0
@@ -332,8 +329,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def worker(args: argparse.Namespace) -> int:
-    from scalelab.training.search import Search
-    from scalelab.training.search_worker import work_local
+    from scalelab.sweeps.search_worker import work_local
 
     return work_local(Search.load(args.folder), args.index)
 

@@ -1,5 +1,5 @@
 """What `scalelab sweep collect` prints and writes beside summary.csv, alike for a grid on SLURM
-(scalelab.training.sweep) and a search or a local grid (scalelab.training.search_collect): the
+(scalelab.sweeps.sweep) and a search or a local grid (scalelab.sweeps.search_collect): the
 table with each row's MLflow run id, the best trial's line with its run id, and, when `train.seed`
 is one of the swept keys, the mean and spread over the seeds of each setting (the other swept keys'
 values) in summary_by_setting.csv."""

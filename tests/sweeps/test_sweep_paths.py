@@ -4,7 +4,7 @@ accident), whichever folder `scalelab sweep` runs from."""
 import json
 
 from scalelab.runtime.paths import REPO_ENV
-from scalelab.training import sweep
+from scalelab.sweeps import sweep
 
 
 def test_a_sweep_is_found_in_the_workspace_from_any_working_folder(tmp_path, monkeypatch):
