@@ -4,7 +4,9 @@
 
 It prints the address of the runs table in MLflow's model-training view (the UI otherwise opens on
 its GenAI home, where training runs do not show), then replaces itself with `mlflow ui` on the
-store that every stage writes to (the main repository's mlflow.db, or MLFLOW_TRACKING_URI).
+store that every stage writes to (the main repository's mlflow.db, or MLFLOW_TRACKING_URI). When
+that store is the lab's tracking server (MLFLOW_TRACKING_URI or .scalelab.local.yaml), the server
+serves its own UI: it prints that address and starts nothing.
 """
 
 from __future__ import annotations
@@ -25,10 +27,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from scalelab.config import load_params
     from scalelab.tracking import tracking_uri
+    from scalelab.tracking.secrets import mask_uri
     from scalelab.tracking.tracker import runs_table
 
     experiment = load_params(args.params).tracking.experiment
     uri = tracking_uri()
+    if uri.startswith(("http://", "https://")):  # the lab's server: its own UI
+        print(f"MLflow UI (the lab's server), experiment {experiment!r}: {runs_table(mask_uri(uri), experiment)}")
+        return 0
     print(f"MLflow UI, experiment {experiment!r}: {runs_table(f'http://{args.host}:{args.port}', experiment)}")
     if args.print_only:
         return 0
