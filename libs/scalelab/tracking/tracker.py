@@ -47,6 +47,13 @@ from scalelab.tracking.writer import ProcessWriter, backoff_s, seconds_from_env,
 from scalelab.tracking.writer import Row as MetricRow
 
 log = logging.getLogger(__name__)
+# MLflow 3.17 clients download an S3-backed server's artifacts straight from the store, by presigned
+# URLs, whenever the server advertises it: the client must then reach the store itself (one on the
+# server's loopback is out of reach), and an object stored with Content-Encoding: gzip (a profiler
+# trace, *.json.gz) arrives decompressed and cut to its compressed size (MLflow 3.17.2 with rclone
+# serve s3). scalelab's processes download through the server; a plain MLflow client needs the same
+# setting (see the README). MLFLOW_ENABLE_PROXY_MULTIPART_DOWNLOAD=true opts back in.
+os.environ.setdefault("MLFLOW_ENABLE_PROXY_MULTIPART_DOWNLOAD", "false")
 LOCAL_FILE = ".scalelab.local.yaml"  # a clone's own settings, ignored by git: the lab's tracking server
 PARAM_MAX_CHARS = 6000
 BATCH_PARAMS = 100
