@@ -6,10 +6,9 @@ import subprocess
 
 import pytest
 
-from helpers import REPO, run_cli
-from scalelab.config.loader import ConfigError
+from helpers import REPO, run_cli, tiny_params, write_params
 from scalelab.tracking import tracking_uri
-from scalelab.tracking.tracker import LOCAL_FILE
+from scalelab.tracking.tracker import LOCAL_FILE, LocalFileError
 
 
 @pytest.fixture
@@ -46,7 +45,7 @@ def test_precedence_is_environment_then_local_file_then_mlflow_db(clone, monkeyp
 )
 def test_a_malformed_local_file_names_the_file_the_key_the_value_and_what_is_allowed(clone, text, says):
     (clone / LOCAL_FILE).write_text(text)
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(LocalFileError) as info:
         tracking_uri()
     message = str(info.value)
     assert str(clone / LOCAL_FILE) in message and says in message, message
@@ -55,7 +54,7 @@ def test_a_malformed_local_file_names_the_file_the_key_the_value_and_what_is_all
 
 def test_a_password_in_the_local_file_is_never_echoed(clone):
     (clone / LOCAL_FILE).write_text("tracking_uri: ftp://alice:Hunter2-secret@login01:5000\n")
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(LocalFileError) as info:
         tracking_uri()
     assert "Hunter2-secret" not in str(info.value), info.value
 
@@ -65,7 +64,19 @@ def test_a_command_with_a_malformed_local_file_exits_2_with_one_line(clone):
     proc = run_cli("summary", cwd=clone, check=False, env={"SCALELAB_REPO": str(clone)})
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stdout + proc.stderr
-    assert LOCAL_FILE in lines[0] and "unknown key 'tracking_url'" in lines[0], lines
+    assert lines[0].startswith(f"scalelab summary: error: {clone / LOCAL_FILE}: unknown key 'tracking_url'"), lines
+
+
+@pytest.mark.integration  # a training job's launcher (imports torch)
+def test_a_training_job_with_a_malformed_local_file_exits_2_before_it_starts(clone, prepared_digits):
+    (clone / LOCAL_FILE).write_text("tracking_uri: sqlite:///elsewhere.db\n")
+    write_params(clone / "params.yaml", tiny_params())
+    args = ["train", "--params", "params.yaml", "--data", str(prepared_digits), "--out", "out"]
+    proc = run_cli(*args, cwd=clone, check=False, env={"SCALELAB_REPO": str(clone)})
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stdout + proc.stderr
+    assert lines[0].startswith(f"scalelab train: error: {clone / LOCAL_FILE}: tracking_uri = "), lines
+    assert not (clone / "out").exists() and not (clone / "mlflow.db").exists()  # nothing started
 
 
 def test_the_local_file_is_ignored_by_git():

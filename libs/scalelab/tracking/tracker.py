@@ -78,12 +78,17 @@ def tracking_uri() -> str:
     return local_tracking_uri(root / LOCAL_FILE) or f"sqlite:///{root / 'mlflow.db'}"
 
 
+class LocalFileError(ValueError):
+    """A malformed .scalelab.local.yaml: one line naming the file, the key, the value and what is
+    allowed (not a ConfigError, which commands prefix with their params file)."""
+
+    exit_status = 2  # the CLI's "bad input"
+
+
 def local_tracking_uri(path: Path) -> str | None:
     """`tracking_uri` of a clone's .scalelab.local.yaml (None when the file is absent); raises
-    ConfigError (exit 2) naming the file, the key and the value for anything else than
+    LocalFileError (exit 2) naming the file, the key and the value for anything else than
     `tracking_uri: http(s)://host:port`."""
-    from scalelab.config.loader import ConfigError
-
     if not path.is_file():
         return None
     allowed = "the only key is tracking_uri, an http:// or https:// URL such as http://login01:5000"
@@ -91,17 +96,19 @@ def local_tracking_uri(path: Path) -> str | None:
         settings = yaml.safe_load(path.read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"{path}: cannot be read as YAML ({first}); {allowed}") from None
+        raise LocalFileError(f"{path}: cannot be read as YAML ({first}); {allowed}") from None
     if settings is None:
         return None
     if not isinstance(settings, dict):
-        raise ConfigError(f"{path}: {type(settings).__name__} {mask_uri(str(settings))!r} is not a mapping; {allowed}")
+        raise LocalFileError(
+            f"{path}: {type(settings).__name__} {mask_uri(str(settings))!r} is not a mapping; {allowed}"
+        )
     unknown = sorted(str(k) for k in settings if k != "tracking_uri")
     if unknown:
-        raise ConfigError(f"{path}: unknown key {unknown[0]!r}; {allowed}")
+        raise LocalFileError(f"{path}: unknown key {unknown[0]!r}; {allowed}")
     uri = settings.get("tracking_uri")
     if not isinstance(uri, str) or not uri.startswith(("http://", "https://")) or len(uri.split("://", 1)[1]) == 0:
-        raise ConfigError(f"{path}: tracking_uri = {mask_uri(str(uri))!r} is not allowed; {allowed}")
+        raise LocalFileError(f"{path}: tracking_uri = {mask_uri(str(uri))!r} is not allowed; {allowed}")
     return uri.rstrip("/")
 
 
