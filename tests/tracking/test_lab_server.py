@@ -171,3 +171,12 @@ def test_reproduce_in_a_third_clone_pulls_its_data_from_the_store_and_matches(la
         experiment = client.get_run(lab.run_id).info.experiment_id
         new = client.search_runs([experiment], f"tags.`scalelab.reproduces` = '{lab.run_id}'")
     assert len(new) == 1, new  # the reproduction is on the lab's server, beside the original
+
+
+def test_ui_and_summary_in_a_pointed_clone_name_the_lab_server(lab):
+    env = clean_env(**USER_ENV)
+    shown = run([str(BIN / "scalelab"), "ui", "--params", "params.yaml"], lab.clone, env, timeout=120).stdout
+    assert f"MLflow UI (the lab's server), experiment 'scalelab': {lab.url}/#/experiments/" in shown, shown
+    summary = run([str(BIN / "scalelab"), "summary"], lab.clone, env, timeout=120).stdout
+    assert f"store: {lab.url})" in summary, summary
+    assert not (lab.clone / "mlflow.db").exists()  # nothing went to a local store
