@@ -52,8 +52,10 @@ log = logging.getLogger(__name__)
 # server's loopback is out of reach), and an object stored with Content-Encoding: gzip (a profiler
 # trace, *.json.gz) arrives decompressed and cut to its compressed size (MLflow 3.17.2 with rclone
 # serve s3). scalelab's processes download through the server; a plain MLflow client needs the same
-# setting (see the README). MLFLOW_ENABLE_PROXY_MULTIPART_DOWNLOAD=true opts back in.
+# setting (see the README). MLFLOW_ENABLE_PROXY_MULTIPART_DOWNLOAD=true opts back in. Uploads of
+# files over MLFLOW_MULTIPART_UPLOAD_MINIMUM_FILE_SIZE (500 MB) would go to the store the same way.
 os.environ.setdefault("MLFLOW_ENABLE_PROXY_MULTIPART_DOWNLOAD", "false")
+os.environ.setdefault("MLFLOW_ENABLE_PROXY_MULTIPART_UPLOAD", "false")
 LOCAL_FILE = ".scalelab.local.yaml"  # a clone's own settings, ignored by git: the lab's tracking server
 PARAM_MAX_CHARS = 6000
 BATCH_PARAMS = 100
