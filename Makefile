@@ -77,9 +77,11 @@ lint: setup
 ui: setup
 	$(BIN)/scalelab ui --params params.yaml --host $(HOST) --port $(PORT)
 
-# A shared tracking server (see slurm/README.md): binds 127.0.0.1 unless HOST is given.
+# The lab's tracking server (see slurm/README.md), for any lab, SLURM or not: binds 127.0.0.1 unless
+# HOST is given; basic auth (MLFLOW_AUTH_ADMIN_PASSWORD) unless ALLOW_NO_AUTH=1; artifacts in the
+# clone's store (<store>/mlflow-artifacts) when one is set.
 mlflow-server: setup
-	slurm/mlflow-server.sh
+	HOST=$(HOST) PORT=$(PORT) slurm/mlflow-server.sh
 
 # A real S3 server on this machine (rclone serve s3 on 127.0.0.1:STORE_PORT, generated credentials),
 # made this clone's store: DVC's default remote in .dvc/config.local. Objects stay under STORE_DIR.

@@ -2,19 +2,27 @@
 # The shared MLflow tracking server (UI + REST API + artifact proxy), run from the project's .venv.
 # See "Shared MLflow server" in slurm/README.md.
 #
-#   slurm/mlflow-server.sh                       # or `make mlflow-server`: http://127.0.0.1:5000
-#   HOST=0.0.0.0 AUTH=basic MLFLOW_AUTH_ADMIN_PASSWORD=... slurm/mlflow-server.sh   # on a login node
+#   MLFLOW_AUTH_ADMIN_PASSWORD=... slurm/mlflow-server.sh     # or `make mlflow-server`: http://127.0.0.1:5000
+#   HOST=0.0.0.0 MLFLOW_AUTH_ADMIN_PASSWORD=... slurm/mlflow-server.sh      # on a login node
+#   ALLOW_NO_AUTH=1 slurm/mlflow-server.sh        # one user on one machine: no password
+#
+# Artifacts (profiler traces, plots, configs) go to the lab's store when this clone has one (DVC's
+# default remote, `scalelab store set`): <store>/mlflow-artifacts, an S3 prefix or a folder.
 #
 # Environment (all optional):
 #   HOST, PORT              bind address and port (127.0.0.1, 5000)
 #   BACKEND_STORE_URI       runs, params, metrics (sqlite:///<repo>/mlflow.db); e.g.
 #                           postgresql://user:password@dbhost:5432/mlflow
-#   ARTIFACTS_DESTINATION   shared folder (or URI) the server stores artifacts in (<repo>/mlartifacts);
-#                           clients upload and download through the server (--serve-artifacts)
+#   ARTIFACTS_DESTINATION   shared folder (or URI) the server stores artifacts in: by default the
+#                           store's mlflow-artifacts (the store's endpoint and credentials are passed
+#                           to the server in its environment, never on its command line), else
+#                           <repo>/mlartifacts; clients upload and download through the server
+#                           (--serve-artifacts) and need no store credentials
 #   WORKERS                 server worker processes (MLflow's default: 4)
 #   AUTH=basic              MLflow's basic-auth app: every request needs a user name and password
+#                           (the default on every bind, loopback included, unless ALLOW_NO_AUTH=1)
 #   MLFLOW_AUTH_ADMIN_PASSWORD
-#                           with AUTH=basic, needed on every start: the admin user's password (12 or
+#                           with auth, needed on every start: the admin user's password (12 or
 #                           more characters, never MLflow's old default password1234). The first
 #                           start creates the admin user with it; every later start checks it and
 #                           refuses to start on a mismatch.
@@ -24,8 +32,9 @@
 #                           Host headers and browser origins accepted (others: 403, no CORS
 #                           headers); derived from HOST and PORT, plus this machine's names and
 #                           addresses when HOST is not loopback
-#   ALLOW_NO_AUTH=1         allow a non-loopback HOST without AUTH=basic (anyone who can reach the
-#                           port can then read and write every run)
+#   ALLOW_NO_AUTH=1         serve without a password (without AUTH=basic): on loopback every local
+#                           user, on another HOST anyone who can reach the port, can then read and
+#                           write every run
 #   CHECK_ONLY=1            check the settings (and the admin password), print what would run, exit
 #   MLFLOW_SERVER_ENABLE_JOB_EXECUTION
 #                           MLflow's job runner for GenAI jobs (false: scalelab submits none)
@@ -43,8 +52,8 @@ MLFLOW="$REPO/.venv/bin/mlflow"
 HOST="${HOST:-127.0.0.1}"
 PORT="${PORT:-5000}"
 BACKEND_STORE_URI="${BACKEND_STORE_URI:-sqlite:///$REPO/mlflow.db}"
-ARTIFACTS_DESTINATION="${ARTIFACTS_DESTINATION:-$REPO/mlartifacts}"
 AUTH="${AUTH:-}"
+STORE=""
 
 die() { echo "mlflow-server.sh: $*" >&2; exit 2; }
 
@@ -81,6 +90,38 @@ case "$BACKEND_STORE_URI" in
     fi ;;
 esac
 case "$AUTH" in ""|basic) ;; *) die "AUTH=$AUTH is not allowed: use AUTH=basic or leave it unset" ;; esac
+case "${ALLOW_NO_AUTH:-0}" in 0|1) ;; *) die "ALLOW_NO_AUTH=$ALLOW_NO_AUTH is not allowed: use 1 or leave it unset" ;; esac
+# Basic auth on every bind: on a shared login node, loopback is every local user's too.
+if [ -z "$AUTH" ] && [ "${ALLOW_NO_AUTH:-0}" != 1 ]; then AUTH=basic; fi
+
+# The lab's store (this clone's DVC default remote): artifacts go to <store>/mlflow-artifacts. It
+# is checked before the server starts; its endpoint and credentials reach the server (boto3) in
+# the environment, never on the command line or in MLflow params and tags.
+if [ -z "${ARTIFACTS_DESTINATION:-}" ]; then
+  store_env="$(cd "$REPO" && REPO="$REPO" "$REPO/.venv/bin/python" -W ignore - <<'PY'
+import os
+import shlex
+import sys
+
+from scalelab.storage import MLFLOW_ARTIFACTS, StoreError, configured
+
+try:
+    store = configured(os.environ["REPO"])
+    if store is not None:
+        store.check()
+except StoreError as exc:
+    print(f"mlflow-server.sh: {exc}", file=sys.stderr)
+    sys.exit(2)
+if store is not None:
+    print(f"ARTIFACTS_DESTINATION={shlex.quote(store.join(MLFLOW_ARTIFACTS))}")
+    print(f"STORE={shlex.quote(store.describe())}")
+    for key, value in store.env().items():
+        print(f"export {key}={shlex.quote(value)}")
+PY
+)" || exit 2
+  eval "$store_env"
+fi
+ARTIFACTS_DESTINATION="${ARTIFACTS_DESTINATION:-$REPO/mlartifacts}"
 
 # The store URI goes in the environment, not the command line, where `ps` would show its password.
 export MLFLOW_BACKEND_STORE_URI="$BACKEND_STORE_URI"
@@ -99,10 +140,6 @@ own_names() {
 if is_loopback "$HOST"; then
   names="$(printf '%s\n' localhost 127.0.0.1 "[::1]" "$HOST" | sed 's/^::1$/[::1]/' | sort -u)"
 else
-  if [ "$AUTH" != basic ] && [ "${ALLOW_NO_AUTH:-0}" != 1 ]; then
-    die "HOST=$HOST exposes the server to the network without a password; set AUTH=basic" \
-        "(see slurm/README.md) or ALLOW_NO_AUTH=1"
-  fi
   names="$(own_names)"
 fi
 ALLOWED_HOSTS="${ALLOWED_HOSTS:-$(for n in $names; do printf '%s,%s:%s,' "$n" "$n" "$PORT"; done | sed 's/,$//')}"
@@ -129,8 +166,9 @@ if [ "$AUTH" = basic ]; then
   fi
   if [ -z "${MLFLOW_AUTH_CONFIG_PATH:-}" ]; then
     [ -n "${MLFLOW_AUTH_ADMIN_PASSWORD:-}" ] \
-      || die "AUTH=basic: every start needs MLFLOW_AUTH_ADMIN_PASSWORD, the password of admin user" \
-             "'${MLFLOW_AUTH_ADMIN_USERNAME:-admin}'"
+      || die "AUTH=basic (the default on every bind, HOST=$HOST included): every start needs" \
+             "MLFLOW_AUTH_ADMIN_PASSWORD, the password of admin user '${MLFLOW_AUTH_ADMIN_USERNAME:-admin}'" \
+             "(or ALLOW_NO_AUTH=1 to serve without a password)"
     export MLFLOW_AUTH_CONFIG_PATH="$AUTH_DIR/basic_auth.ini"
     # default_permission: what users get on experiments and runs that others created
     cat > "$MLFLOW_AUTH_CONFIG_PATH" <<EOF
@@ -185,7 +223,7 @@ fi
 
 # Never echo a database user or password.
 echo "mlflow-server.sh: http://$HOST:$PORT  backend=$(mask_uri "$BACKEND_STORE_URI")" \
-     " artifacts=$(mask_uri "$ARTIFACTS_DESTINATION")${AUTH:+  auth=$AUTH}" >&2
+     " artifacts=$(mask_uri "$ARTIFACTS_DESTINATION")${STORE:+ (store $STORE)}${AUTH:+  auth=$AUTH}" >&2
 if [ "${CHECK_ONLY:-0}" = 1 ]; then
   echo "mlflow-server.sh: CHECK_ONLY=1: settings accepted: would run mlflow ${args[*]} $*" >&2
   exit 0

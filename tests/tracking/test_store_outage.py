@@ -81,7 +81,9 @@ class RestartableServer:
     @contextmanager
     def running(self):
         self.starts += 1
-        env = server_script_env(f"sqlite:///{self.tmp / 'mlflow.db'}", self.tmp / "artifacts", self.port)
+        env = server_script_env(
+            f"sqlite:///{self.tmp / 'mlflow.db'}", self.tmp / "artifacts", self.port, ALLOW_NO_AUTH="1"
+        )
         with serve([str(SERVER_SCRIPT)], self.port, self.logs[-1], env=env) as service:
             yield service
             os.killpg(service.proc.pid, signal.SIGKILL)  # an outage, not a graceful stop: no connection is served

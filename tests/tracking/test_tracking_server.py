@@ -1,6 +1,7 @@
 """The shared tracking server, slurm/mlflow-server.sh: on a real PostgreSQL, fed by a 2-process DDP
 job; and locked down (basic auth, loopback, no path traversal, no foreign Host or origin, owner-only
-files, the admin password checked on every start), proven against one running server.
+files, the admin password checked on every start, basic auth on every bind unless ALLOW_NO_AUTH=1),
+proven against one running server.
 
 .venv/bin/pytest -q tests/tracking/test_tracking_server.py
 """
@@ -59,7 +60,7 @@ def expected_steps(total: int) -> dict[str, list[int]]:
 @pytest.mark.postgres
 def test_ddp_job_logs_every_metric_to_postgres_backed_server(workdir, prepared_digits, postgres, tmp_path):
     artifacts = tmp_path / "shared-artifacts"
-    with mlflow_server_script(postgres.uri, artifacts, tmp_path / "server.log") as server:
+    with mlflow_server_script(postgres.uri, artifacts, tmp_path / "server.log", ALLOW_NO_AUTH="1") as server:
         # the script's default bind: loopback only
         assert listening_addresses(server.port) == {"127.0.0.1"}, listening_addresses(server.port)
 
@@ -113,10 +114,11 @@ def metric_rows(pg, run_id: str) -> dict[str, int]:
             return dict(cur.fetchall())
 
 
-@pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3", "127.example.com", "127.0.0.256", "127.1"])
-def test_script_will_not_expose_the_server_without_a_password(tmp_path, host):
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "0.0.0.0", "10.1.2.3", "127.example.com", "127.1"])
+def test_script_will_not_serve_without_a_password_on_any_bind(tmp_path, host):
     proc = run_server_script(f"sqlite:///{tmp_path / 'm.db'}", tmp_path / "artifacts", HOST=host)
-    assert proc.returncode == 2 and f"HOST={host}" in proc.stderr and "AUTH=basic" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and f"HOST={host}" in proc.stderr, proc.stderr
+    assert "MLFLOW_AUTH_ADMIN_PASSWORD" in proc.stderr and "ALLOW_NO_AUTH=1" in proc.stderr, proc.stderr
     assert not (tmp_path / "m.db").exists()
 
 
@@ -278,16 +280,23 @@ def test_a_first_start_refuses_mlflows_old_default_password(tmp_path):
     assert proc.returncode == 2 and "password1234 is not allowed" in proc.stderr, proc.stderr[-2000:]
 
 
-@pytest.mark.parametrize("host", ["127.0.0.1", "127.1.2.3", "localhost", "::1"])
-def test_real_loopback_hosts_need_no_password(tmp_path, host):
-    proc = run_server_script(f"sqlite:///{tmp_path / 'm.db'}", tmp_path / "a", HOST=host, CHECK_ONLY="1")
-    assert proc.returncode == 0, proc.stderr
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.1.2.3", "localhost", "::1", "0.0.0.0"])
+def test_allow_no_auth_serves_without_a_password_and_says_so(tmp_path, host):
+    proc = run_server_script(
+        f"sqlite:///{tmp_path / 'm.db'}", tmp_path / "a", HOST=host, CHECK_ONLY="1", ALLOW_NO_AUTH="1"
+    )
+    assert proc.returncode == 0 and "auth=" not in proc.stderr and "basic-auth" not in proc.stderr, proc.stderr
+
+
+def test_allow_no_auth_takes_1_only(tmp_path):
+    proc = run_server_script(f"sqlite:///{tmp_path / 'm.db'}", tmp_path / "a", CHECK_ONLY="1", ALLOW_NO_AUTH="yes")
+    assert proc.returncode == 2 and "ALLOW_NO_AUTH=yes is not allowed: use 1" in proc.stderr, proc.stderr
 
 
 def test_the_backend_password_is_never_printed_whatever_it_holds(tmp_path):
     password = "Zq9x@Kw7v:Pm3/Ty8@"
     uri = f"postgresql://alice:{password}@db.example:5432/mlflow"
-    proc = run_server_script(uri, tmp_path / "a", CHECK_ONLY="1")
+    proc = run_server_script(uri, tmp_path / "a", CHECK_ONLY="1", ALLOW_NO_AUTH="1")
     assert proc.returncode == 0 and "backend=postgresql+psycopg2://***@db.example:5432/mlflow" in proc.stderr, (
         proc.stderr
     )

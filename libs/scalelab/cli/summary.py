@@ -42,5 +42,9 @@ def summary(results: Path) -> str:
     run = _read(results / "train" / "run.json").get("run_id")
     if run:
         lines.append(f"  training run    {run}  (results/train/run.json)")
-    lines.append("  runs            make ui  (prints the address of the runs table; store: mlflow.db)")
+    from scalelab.tracking import tracking_uri
+    from scalelab.tracking.secrets import mask_uri
+
+    store = mask_uri(tracking_uri())  # MLFLOW_TRACKING_URI > .scalelab.local.yaml > mlflow.db
+    lines.append(f"  runs            make ui  (prints the address of the runs table; store: {store})")
     return "\n".join(lines)

@@ -4,11 +4,13 @@
 
 It prints the address of the runs table in MLflow's model-training view (the UI otherwise opens on
 its GenAI home, where training runs do not show), then replaces itself with `mlflow ui` on the
-store that every stage writes to (the main repository's mlflow.db, or MLFLOW_TRACKING_URI).
-The store's URI goes to MLflow through the environment (MLFLOW_BACKEND_STORE_URI), never on the
-command line, where `ps` shows a database password to every user. The UI has no login: like
-`make mlflow-server` (slurm/mlflow-server.sh), it binds only a loopback address unless
-ALLOW_NO_AUTH=1 is set; a team shares runs through that server, which requires a password.
+store that every stage writes to (the main repository's mlflow.db, or MLFLOW_TRACKING_URI). When
+that store is the lab's tracking server (MLFLOW_TRACKING_URI or .scalelab.local.yaml), the server
+serves its own UI: it prints that address and starts nothing. The store's URI goes to MLflow
+through the environment (MLFLOW_BACKEND_STORE_URI), never on the command line, where `ps` shows a
+database password to every user. The UI has no login: like `make mlflow-server`
+(slurm/mlflow-server.sh), it binds only a loopback address unless ALLOW_NO_AUTH=1 is set; a team
+shares runs through that server, which requires a password.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from scalelab.config import load_params
     from scalelab.tracking import tracking_uri
+    from scalelab.tracking.secrets import mask_uri
     from scalelab.tracking.tracker import runs_table
 
     if not is_loopback(args.host) and os.environ.get("ALLOW_NO_AUTH") != "1":
@@ -39,6 +42,9 @@ def run(args: argparse.Namespace) -> int:
         )
     experiment = load_params(args.params).tracking.experiment
     uri = tracking_uri()
+    if uri.startswith(("http://", "https://")):  # the lab's server: its own UI
+        print(f"MLflow UI (the lab's server), experiment {experiment!r}: {runs_table(mask_uri(uri), experiment)}")
+        return 0
     print(f"MLflow UI, experiment {experiment!r}: {runs_table(f'http://{args.host}:{args.port}', experiment)}")
     if args.print_only:
         return 0

@@ -3,11 +3,14 @@
     scalelab reproduce 3f2a9c...                  # in the repository that holds the run's store
     scalelab reproduce 3f2a9c... --data /shared/prepared --keep
 
-1. Reads the run from the MLflow store (`MLFLOW_TRACKING_URI`, else mlflow.db at the repo root).
-2. Verifies the data before anything runs: every file of the recorded data folder (`data.path`,
-   or `--data`) must have the sha256 recorded in the run's `data.sha256.<file>` tags (the same
-   figures as `provenance/data-files.json`), and the folder's DVC md5 (`data.md5`, the value
-   dvc.lock holds for it) must match too, so an added or removed file is caught as well.
+1. Reads the run from the MLflow store (`MLFLOW_TRACKING_URI`, else the lab's server named in
+   `.scalelab.local.yaml`, else mlflow.db at the repo root).
+2. Gets the data: without --data, a clone that lacks the run's data folder and has a store (DVC's
+   default remote) pulls it with `dvc pull <data.path>`. Verifies the data before anything runs:
+   every file of the recorded data folder (`data.path`, or `--data`) must have the sha256 recorded
+   in the run's `data.sha256.<file>` tags (the same figures as `provenance/data-files.json`), and
+   the folder's DVC md5 (`data.md5`, the value dvc.lock holds for it) must match too, so an added
+   or removed file is caught as well.
 3. Trusts nothing it read (`scalelab.reproduce.guard`): a run tagged not reproducible (its diff
    held a secret, or was too large) is refused; `git.commit` must be a commit in this repository,
    and one that no trusted ref holds is shown and needs --yes; each recorded diff must have its
@@ -87,6 +90,25 @@ def verify_data(tags: dict[str, str], data_dir: Path) -> list[Check]:
         )
     )
     return checks
+
+
+def pull_data(root: Path, folder: Path) -> None:
+    """`dvc pull FOLDER` from the lab's store when this clone has one (DVC's default remote) and
+    lacks the run's data: the data comes back by the hashes dvc.lock records, and `verify_data`
+    then checks it against the run's own. Without a store this does nothing."""
+    from scalelab.storage import configured
+
+    store = configured(root)
+    if store is None:
+        return
+    store.check()  # StoreError (exit 2): one line naming the store, before anything runs
+    print(f"pulling {folder} from the store {store.describe()} (dvc pull)", file=sys.stderr, flush=True)
+    dvc = Path(sys.executable).with_name("dvc")
+    cmd = [str(dvc) if dvc.is_file() else "dvc", "pull", "--quiet", str(folder)]
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+    if proc.returncode != 0:
+        why = (proc.stderr.strip() or proc.stdout.strip() or f"exit {proc.returncode}").splitlines()[-1]
+        raise CannotReproduce(f"`dvc pull {folder}` from the store {store.describe()} failed: {mask_uri(why)}")
 
 
 def fetch_diffs(client: Any, run_id: str, tags: dict[str, str], dest: Path) -> list[tuple[Path, list[FileChange]]]:
@@ -212,6 +234,8 @@ def reproduce(run_id: str, *, data: str | None, keep: bool, rtol: float, atol: f
             f"data.path = {recorded!r} is not allowed: the run's data must be a relative path inside "
             "the repository; pass --data FOLDER to name it"
         ) from None
+    if not data_dir.is_dir() and not data:
+        pull_data(root, data_dir.relative_to(root))
     if not data_dir.is_dir():
         how = "--data" if data else f"the run's data.path {old.data.tags.get('data.path')!r} under {root}"
         raise CannotReproduce(

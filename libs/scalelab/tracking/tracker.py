@@ -17,10 +17,12 @@ shrink it) and sets the status: `training.job.run` calls it on success and on fa
 killed run ends KILLED or FAILED, never RUNNING. What the store still refuses then is written to a
 file and sent later (scalelab.tracking.unsent).
 
-The store is `MLFLOW_TRACKING_URI` when set, else `mlflow.db` (SQLite) in the main repository
-(`runtime.paths.store_root`: never a DVC experiment's temporary copy, never the current directory
-by accident). With an SQLite store, a new experiment keeps its artifacts in `mlruns/` beside the
-database file, wherever the command runs from.
+The store is `MLFLOW_TRACKING_URI` when set, else the `tracking_uri` of the main repository's
+git-ignored `.scalelab.local.yaml` (a clone pointed at the lab's server: `tracking_uri:
+http://host:port`), else `mlflow.db` (SQLite) in the main repository (`runtime.paths.store_root`:
+never a DVC experiment's temporary copy, never the current directory by accident). With an SQLite
+store, a new experiment keeps its artifacts in `mlruns/` beside the database file, wherever the
+command runs from.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from scalelab.runtime.paths import store_root
 from scalelab.tracking import unsent
 from scalelab.tracking.secrets import mask_uri
@@ -43,6 +47,16 @@ from scalelab.tracking.writer import ProcessWriter, backoff_s, seconds_from_env,
 from scalelab.tracking.writer import Row as MetricRow
 
 log = logging.getLogger(__name__)
+# MLflow 3.17 clients download an S3-backed server's artifacts straight from the store, by presigned
+# URLs, whenever the server advertises it: the client must then reach the store itself (one on the
+# server's loopback is out of reach), and an object stored with Content-Encoding: gzip (a profiler
+# trace, *.json.gz) arrives decompressed and cut to its compressed size (MLflow 3.17.2 with rclone
+# serve s3). scalelab's processes download through the server; a plain MLflow client needs the same
+# setting (see the README). MLFLOW_ENABLE_PROXY_MULTIPART_DOWNLOAD=true opts back in. Uploads of
+# files over MLFLOW_MULTIPART_UPLOAD_MINIMUM_FILE_SIZE (500 MB) would go to the store the same way.
+os.environ.setdefault("MLFLOW_ENABLE_PROXY_MULTIPART_DOWNLOAD", "false")
+os.environ.setdefault("MLFLOW_ENABLE_PROXY_MULTIPART_UPLOAD", "false")
+LOCAL_FILE = ".scalelab.local.yaml"  # a clone's own settings, ignored by git: the lab's tracking server
 PARAM_MAX_CHARS = 6000
 BATCH_PARAMS = 100
 FINISH_WAIT_S = 20.0  # finish() takes at most about this long (torchrun SIGKILLs 30 s after SIGTERM)
@@ -57,8 +71,47 @@ def finish_wait_s() -> float:
 
 
 def tracking_uri() -> str:
-    """MLFLOW_TRACKING_URI, else an absolute sqlite URI for mlflow.db in the main repository."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{store_root() / 'mlflow.db'}"
+    """The one place the tracking store is chosen: MLFLOW_TRACKING_URI, else `tracking_uri` in the
+    main repository's git-ignored .scalelab.local.yaml (the lab's server), else an absolute sqlite
+    URI for mlflow.db there."""
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    root = store_root()
+    return local_tracking_uri(root / LOCAL_FILE) or f"sqlite:///{root / 'mlflow.db'}"
+
+
+class LocalFileError(ValueError):
+    """A malformed .scalelab.local.yaml: one line naming the file, the key, the value and what is
+    allowed (not a ConfigError, which commands prefix with their params file)."""
+
+    exit_status = 2  # the CLI's "bad input"
+
+
+def local_tracking_uri(path: Path) -> str | None:
+    """`tracking_uri` of a clone's .scalelab.local.yaml (None when the file is absent); raises
+    LocalFileError (exit 2) naming the file, the key and the value for anything else than
+    `tracking_uri: http(s)://host:port`."""
+    if not path.is_file():
+        return None
+    allowed = "the only key is tracking_uri, an http:// or https:// URL such as http://login01:5000"
+    try:
+        settings = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise LocalFileError(f"{path}: cannot be read as YAML ({first}); {allowed}") from None
+    if settings is None:
+        return None
+    if not isinstance(settings, dict):
+        raise LocalFileError(
+            f"{path}: {type(settings).__name__} {mask_uri(str(settings))!r} is not a mapping; {allowed}"
+        )
+    unknown = sorted(str(k) for k in settings if k != "tracking_uri")
+    if unknown:
+        raise LocalFileError(f"{path}: unknown key {unknown[0]!r}; {allowed}")
+    uri = settings.get("tracking_uri")
+    if not isinstance(uri, str) or not uri.startswith(("http://", "https://")) or len(uri.split("://", 1)[1]) == 0:
+        raise LocalFileError(f"{path}: tracking_uri = {mask_uri(str(uri))!r} is not allowed; {allowed}")
+    return uri.rstrip("/")
 
 
 def sqlite_file(uri: str) -> Path | None:

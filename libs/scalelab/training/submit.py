@@ -78,13 +78,14 @@ def resolve(params: Params, data_dir: str | Path, out_dir: str | Path) -> Path:
 def launch(params: Params, data_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
     """Validates, plans, and trains: in this process (single, dp), under torchrun (ddp, fsdp) or on SLURM."""
     t = params.train
+    uri = tracking_uri()  # a malformed .scalelab.local.yaml: one line, exit 2, before anything starts
     if t.launcher == "local":
         misfit = check_shape(train_shape(t), local_capacity())
         if misfit:
             raise ConfigError(misfit.message("train"))
     else:
         profile = slurm.load_profile(params.slurm.profile)
-        slurm.preflight(params, profile, tracking_uri())
+        slurm.preflight(params, profile, uri)
     plan = plan_job(params, data_dir, out_dir)
     with FolderLock(out_dir):  # one job per output folder, from here until every process has ended
         resolved = write_resolved(out_dir, params, plan)
