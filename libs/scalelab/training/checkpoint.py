@@ -48,6 +48,7 @@ from scalelab.config.schema import CHECKPOINT_NAME
 from scalelab.runtime import dist, seeds
 from scalelab.runtime.io import json_digest
 from scalelab.runtime.paths import stage_code_digest
+from scalelab.storage import Store
 from scalelab.training import strategy
 from scalelab.training.checkpoint_files import JOB_FILE, LocalFiles, RemoteFiles, cause, files_at, zip_damage
 from scalelab.training.loop import Loop
@@ -55,6 +56,7 @@ from scalelab.training.plan import BEST_FILE  # beside the checkpoints: the best
 
 log = logging.getLogger(__name__)
 PATTERN = CHECKPOINT_NAME  # step-XXXXXXXX.pt (a file) or step-XXXXXXXX.dcp (a sharded folder)
+STORE_KEY = "shards_store"  # a loaded sharded checkpoint's store (never saved): read_shards reaches it with it
 EXTRA_FILE = "extra.pt"  # in a sharded checkpoint: everything but the shards (written by rank 0)
 # checkpoints of another fingerprint, moved aside by `Checkpointer.claim` (and a move under way)
 STALE_PATTERN = re.compile(r"^stale-([0-9a-zA-Z]+)(-\d+)?$")
@@ -125,7 +127,8 @@ def restore(state: dict[str, Any] | None, loop: Loop, seed: int, env: dist.DistE
         seeds.seed_all(seeds.rank_seed(seed, env.rank))
         return 0
     if "shards" in state:
-        strategy.load_sharded_state(loop.model, loop.optimizer, lambda target: read_shards(state["shards"], target))
+        shards, store = state["shards"], state.get(STORE_KEY)
+        strategy.load_sharded_state(loop.model, loop.optimizer, lambda target: read_shards(shards, target, store))
     else:
         strategy.unwrap(loop.model).load_state_dict(state["model"])
         loop.optimizer.load_state_dict(state["optimizer"])
@@ -145,21 +148,29 @@ def restore(state: dict[str, Any] | None, loop: Loop, seed: int, env: dist.DistE
     return state["step"]
 
 
-def read_shards(path: str | Path, target: dict[str, Any]) -> None:
+def read_shards(path: str | Path, target: dict[str, Any], store: Store | None = None) -> None:
     """Loads a sharded checkpoint's tensors into `target` in place (DCP: each rank reads what its
     shards need, resharding when the world size changed); `path` may be a URL in the store."""
     import torch.distributed.checkpoint as dcp
 
     parent, name = str(path).rstrip("/").rsplit("/", 1)
-    files = files_at(parent)
+    files = files_at(parent, store)
     with files.guard(f"reading {name}"):
         dcp.load(target, **files.dcp(name, writing=False))
 
 
 class Checkpointer:
-    def __init__(self, folder: str | Path, fingerprint: str, keep: int = 2, asynchronous: bool = False) -> None:
-        """`folder`: a path, or a URL in an object store (training.checkpoint_files)."""
-        self.files: LocalFiles | RemoteFiles = files_at(folder)
+    def __init__(
+        self,
+        folder: str | Path,
+        fingerprint: str,
+        keep: int = 2,
+        asynchronous: bool = False,
+        store: Store | None = None,
+    ) -> None:
+        """`folder`: a path, or a URL in an object store, reached with `store`'s endpoint and
+        credentials (default: this clone's store; training.checkpoint_files)."""
+        self.files: LocalFiles | RemoteFiles = files_at(folder, store)
         self.folder = self.files.at()  # a Path, or the URL
         self.fingerprint = fingerprint
         self.keep = keep
@@ -380,4 +391,6 @@ def read_entry(files: LocalFiles | RemoteFiles, name: str) -> dict[str, Any] | N
             raise CheckpointError(f"checkpoint {path} is intact but cannot be loaded: {cause(exc)}") from exc
         log.warning("skipping damaged checkpoint %s: %s", path, damage)
         return None
-    return {**state, "shards": str(path)} if sharded else state
+    if not sharded:
+        return state
+    return {**state, "shards": str(path), **({STORE_KEY: files.store} if files.remote else {})}

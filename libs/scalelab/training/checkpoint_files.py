@@ -73,9 +73,13 @@ def check_location(location: str) -> None:
         (store_of(location) or Store(location)).check()
 
 
-def files_at(location: str | Path) -> LocalFiles | RemoteFiles:
+def files_at(location: str | Path, store: Store | None = None) -> LocalFiles | RemoteFiles:
+    """The folder at `location`; a URL is reached with `store`'s endpoint and credentials (default:
+    this clone's store, when it holds the URL)."""
     text = str(location)
-    return RemoteFiles(text, store_of(text)) if is_url(text) else LocalFiles(Path(text))
+    if not is_url(text):
+        return LocalFiles(Path(text))
+    return RemoteFiles(text, store if store is not None and store.contains(text) else store_of(text))
 
 
 class LocalFiles:
@@ -270,7 +274,11 @@ class RemoteFiles:
             if name == marker:
                 continue
             with self.guard(f"moving {name} to {target}"):
-                self.fs.copy(self._key(name), f"{self._key(target)}/{name}", recursive=True)
+                src, dst = self._key(name), f"{self._key(target)}/{name}"
+                self.fs.invalidate_cache()
+                found = self.fs.find(src) if self.fs.isdir(src) else [src]
+                for key in found:  # object by object: a copy started again overwrites, never nests
+                    self.fs.copy(key, dst + key[len(src) :])
             self.remove(name)
         if not self.is_file(f"{target}/{JOB_FILE}"):  # a set moved with none: its age is the move's
             self.write(f"{target}/{JOB_FILE}", json.dumps({"moved_aside": True}).encode())
