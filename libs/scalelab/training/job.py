@@ -61,6 +61,7 @@ def open_tracker(
     ckpt: Checkpointer,
     device: torch.device,
     data_dir: str | Path,
+    out: Path,
     resume_source: Path | None = None,
 ) -> Tracker:
     """Rank 0 opens (or resumes) the job's MLflow run; every other rank gets a no-op tracker.
@@ -94,7 +95,7 @@ def open_tracker(
                     log_resumed_params(tracker, params)
                     tracker.skip_stored()
             except BaseException:
-                close(tracker, "FAILED", ckpt.folder.parent)  # the run exists: it must not stay RUNNING
+                close(tracker, "FAILED", out)  # the run exists: it must not stay RUNNING
                 raise
         else:
             ckpt.record(None)
@@ -118,13 +119,16 @@ def run(
     mark("process_group")  # joined: torchrun's rendezvous and init_process_group are done
     out = Path(out_dir)
     manifest = verify(data_dir)
-    ckpt = Checkpointer(
-        out / "checkpoints", fingerprint(t, manifest), keep=t.keep_checkpoints, asynchronous=t.async_checkpoint
+    ckpt = Checkpointer(  # train.checkpoint_dir: this disk, or a store (checked before launch)
+        plan.checkpoints or out / "checkpoints",
+        fingerprint(t, manifest),
+        keep=t.keep_checkpoints,
+        asynchronous=t.async_checkpoint,
     )
     if env.is_main and t.profile.enabled:
         profiling.clear(out / "profile")  # an earlier run's traces must not be logged with this one
     source = resume_source(t.resume_from)
-    tracker = open_tracker(params, env, ckpt, device, data_dir, source)
+    tracker = open_tracker(params, env, ckpt, device, data_dir, out, source)
     mark("run_created")  # the MLflow run with its params, tags and provenance artifacts
     monitor = sysmetrics.NodeMonitor(None)
     try:
@@ -296,7 +300,7 @@ def _train(
     digest = outputs.weights_digest(weights)
     summary["rank_weight_sha256"] = [digest] if strategy.is_sharded(loop.model) else dist.all_gather_object(digest)
     if env.is_main and not stopped:
-        outputs.write_outputs(params, weights, manifest, out, summary, tracker, env)
+        outputs.write_outputs(params, weights, manifest, out, summary, tracker, env, ckpt)
         ckpt.record(tracker.run_id, finished=True)  # a rerun trains anew: a finished job never resumes
     dist.barrier()
     mark("outputs_written")
