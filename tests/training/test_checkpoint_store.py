@@ -9,7 +9,7 @@ import torch
 from scalelab.storage import filesystem
 from scalelab.training import checkpoint_files
 from scalelab.training.checkpoint import Checkpointer, read_shards
-from services import s3  # noqa: F401 (fixture)
+from services import s3, s3_server  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.integration  # a real S3 server process
 
@@ -128,3 +128,22 @@ def test_the_newest_stale_sets_are_kept_in_the_store(s3):
         ckpt.save(10, {"w": torch.tensor([1])})
     names = [str(s).rsplit("/", 1)[-1] for s in Checkpointer(location, "f4", store=store).stale_sets()]
     assert names == ["stale-f3", "stale-f2"]  # f1: older than the newest two
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["full", "sharded"])
+def test_a_store_that_stops_fails_the_save_in_one_line_naming_it_and_commits_nothing(tmp_path, sharded):
+    from scalelab.storage import StoreError
+
+    base = tmp_path / "s3"
+    with s3_server(base) as server:
+        store = server.store()
+        ckpt = lineage(store.join("ck"), store, "abc", steps=(10,), sharded=sharded)
+    with pytest.raises(StoreError) as got:  # the server is gone
+        if sharded:
+            ckpt.save(20, {"epoch": 0}, {"model": {"w": torch.full((4,), 20.0)}})
+        else:
+            ckpt.save(20, {"w": torch.tensor([20])})
+    message = str(got.value)
+    assert len(message.splitlines()) == 1 and store.describe() in message, message
+    with s3_server(base, credentials=(server.access_key_id, server.secret_access_key)) as again:
+        assert Checkpointer(store.join("ck"), "abc", store=again.store()).load_latest()["step"] == 10

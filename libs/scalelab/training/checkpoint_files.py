@@ -251,9 +251,12 @@ class RemoteFiles:
     def dcp(self, name: str, writing: bool) -> dict[str, Any]:
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 
+        # DCP reads byte ranges of the shard files: botocore must not check a range against the
+        # whole object's checksum, which S3-compatible servers (rclone) send with it
+        options = {**self.options, "config_kwargs": {"response_checksum_validation": "when_required"}}
         if writing:
-            return {"storage_writer": FsspecWriter(self.at(name), **self.options)}
-        return {"storage_reader": FsspecReader(self.at(name), **self.options)}
+            return {"storage_writer": FsspecWriter(self.at(name), **options)}
+        return {"storage_reader": FsspecReader(self.at(name), **options)}
 
     def moving(self, old: str) -> bool:
         return self.is_file(f".stale-{old}.moving")
