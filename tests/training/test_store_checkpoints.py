@@ -14,6 +14,7 @@ from test_ddp import assert_same_weights, train, weights
 from test_fsdp import EXACT, FSDP, assert_close_weights
 
 from helpers import BIN, output_tail, process_tree, run_cli, signal_all, tiny_params, wait_for, write_params
+from scalelab.storage import filesystem
 from services import s3, s3_server  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.distributed
@@ -61,7 +62,7 @@ def kill_after_first_checkpoint(workdir, prepared_digits, sections, store_disk):
     proc.wait()
     wait_for(lambda: not any(p.is_running() for p in job), 60, "the killed job's processes to exit", log=log)
     assert not (workdir / "killed/model.pt").exists(), f"the run finished before the kill{output_tail(log)}"
-    assert not (workdir / "killed/checkpoints").exists(), "checkpoints went to the local disk"
+    assert os.listdir(workdir / "killed/checkpoints") == ["location.txt"], "checkpoints went to the local disk"
     return max(int(p.name.split("-")[1].split(".")[0]) for p in committed(store_disk))
 
 
@@ -77,6 +78,7 @@ def test_fsdp_checkpoints_in_the_store_resume_elsewhere_on_one_rank(workdir, pre
     assert folder.parent == store_disk / "checkpoints"
     assert (folder / f"step-{resumed:08d}.dcp" / "__1_0.distcp").is_file()  # written by 2 ranks
     run_id = json.loads((folder / "job.json").read_text())["run_id"]
+    folder_url = f"s3://scalelab/lab/checkpoints/{folder.name}"
     # another output folder, nothing on its disk; one rank, the same global batch
     one = {**two, "checkpoint_dir": "store", "nproc_per_node": 1, "batch_size": 64}
     write_params(workdir / "params.yaml", tiny_params(train=one))
@@ -85,7 +87,10 @@ def test_fsdp_checkpoints_in_the_store_resume_elsewhere_on_one_rank(workdir, pre
     assert f"resuming step {resumed}, saved by 2 ranks, on 1" in rerun.stderr
     assert json.loads((workdir / "elsewhere/run.json").read_text())["run_id"] == run_id
     assert_close_weights(weights(workdir / "elsewhere"), weights(ref))
-    assert (workdir / "elsewhere/best.pt").is_file() and not (workdir / "elsewhere/checkpoints").exists()
+    assert (workdir / "elsewhere/best.pt").is_file()
+    # DVC's output <out>/checkpoints only says where they are
+    assert (workdir / "elsewhere/checkpoints/location.txt").read_text() == f"{folder_url}\n"
+    assert os.listdir(workdir / "elsewhere/checkpoints") == ["location.txt"]
 
 
 @pytest.mark.slow  # three training jobs, one killed
@@ -135,15 +140,20 @@ def test_the_store_stopped_during_checkpoint_uploads_is_one_line_and_the_rerun_c
         sections = {"train": {**FSDP, "epochs": EPOCHS, "checkpoint_every_steps": 20, "checkpoint_dir": "store"}}
         write_params(workdir / "params.yaml", tiny_params(**sections))
         proc, log = start_job(workdir, prepared_digits, "out")
-        wait_for(lambda: committed(store_disk), 180, "the first checkpoint in the store", proc, log=log, poll_s=0.01)
+        two = lambda: len(committed(store_disk)) >= 2  # noqa: E731
+        wait_for(two, 180, "two checkpoints in the store", proc, log=log, poll_s=0.01)
     # the server is stopped: the next upload fails
     assert proc.wait(timeout=300) != 0, output_tail(log)
     lines = [ln for ln in log.read_text().splitlines() if ln.strip()]
     assert "scalelab train: error:" in lines[-1] and "s3://scalelab/lab" in lines[-1], output_tail(log)
     assert not (workdir / "out/model.pt").exists()
-    last = max(int(p.name.split("-")[1].split(".")[0]) for p in committed(store_disk))
+    previous, newest = [int(p.name.split("-")[1].split(".")[0]) for p in committed(store_disk)[-2:]]
     with s3_server(base, credentials=credentials) as server:  # the same objects, on a new port
         point_at(workdir, server)
+        # and the newest one's upload stopped before its commit marker: it is never loaded
+        [folder] = {p.parent for p in committed(store_disk)}
+        fs, root = filesystem(f"s3://scalelab/lab/checkpoints/{folder.name}", server.store())
+        fs.rm_file(f"{root}/step-{newest:08d}.dcp/extra.pt")
         rerun = run_cli("train", "--data", str(prepared_digits), "--out", "out", cwd=workdir)
-    assert f"| {last}/{TOTAL} [" in rerun.stderr, rerun.stderr[-3000:]
+    assert f"| {previous}/{TOTAL} [" in rerun.stderr, rerun.stderr[-3000:]
     assert (workdir / "out/model.pt").is_file()

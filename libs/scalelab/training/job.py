@@ -24,6 +24,7 @@ from scalelab.config import Params
 from scalelab.data.store import open_split, verify
 from scalelab.runtime import dist, seeds
 from scalelab.runtime.device import setup_process
+from scalelab.runtime.io import atomic_write_text
 from scalelab.runtime.signals import StopFlag
 from scalelab.runtime.timings import mark
 from scalelab.tracking import MlflowTracker, NullTracker, Tracker, UnsentMetrics, provenance, sysmetrics
@@ -41,6 +42,7 @@ from scalelab.training.run_record import log_resumed_params, log_run_inputs, run
 
 log = logging.getLogger(__name__)
 PENDING_KEY = "pending_metrics"  # checkpoint entry: metrics not yet confirmed stored in MLflow
+LOCATION_FILE = "location.txt"  # in <out>/checkpoints when train.checkpoint_dir puts them elsewhere
 WINDOW_KEY = "meter_window"  # checkpoint entry: every rank's open logging window (training.meter)
 
 
@@ -125,6 +127,9 @@ def run(
         keep=t.keep_checkpoints,
         asynchronous=t.async_checkpoint,
     )
+    if env.is_main and plan.checkpoints and Path(plan.checkpoints) != out / "checkpoints":
+        # DVC's persisted output <out>/checkpoints says where they went (a folder or the store)
+        atomic_write_text(out / "checkpoints" / LOCATION_FILE, f"{plan.checkpoints}\n")
     if env.is_main and t.profile.enabled:
         profiling.clear(out / "profile")  # an earlier run's traces must not be logged with this one
     source = resume_source(t.resume_from)
