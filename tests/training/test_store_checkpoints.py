@@ -106,16 +106,23 @@ def test_ddp_checkpoints_at_a_store_url_resume_elsewhere_bitwise(workdir, prepar
 
 
 @pytest.mark.integration
-def test_store_checkpoints_with_the_store_unreachable_stop_before_anything_starts(workdir, prepared_digits, s3):
+@pytest.mark.parametrize("case", ["unreachable", "refused"])
+def test_store_checkpoints_with_the_store_unreachable_stop_before_anything_starts(workdir, prepared_digits, s3, case):
     point_at(workdir, s3)
-    from scalelab.storage import server
+    if case == "unreachable":
+        from scalelab.storage import server
 
-    server.stop(s3.base)
+        server.stop(s3.base)
+    else:  # wrong credentials in .dvc/config.local
+        local = workdir / ".dvc/config.local"
+        local.write_text(local.read_text().replace(s3.secret_access_key, "wrong-secret"))
     write_params(workdir / "params.yaml", tiny_params(train={"checkpoint_dir": "store"}))
     proc = run_cli("train", "--data", str(prepared_digits), "--out", "out", cwd=workdir, check=False)
     assert proc.returncode == 2, proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "cannot be reached" in lines[0] and s3.endpoint in lines[0], proc.stderr
+    why = "cannot be reached" if case == "unreachable" else "credentials were refused"
+    assert len(lines) == 1 and why in lines[0] and s3.endpoint in lines[0], proc.stderr
+    assert "wrong-secret" not in proc.stderr
     assert not (workdir / "out/resolved.json").exists() and not (workdir / "mlflow.db").exists()
 
 
