@@ -130,14 +130,16 @@ def test_the_newest_stale_sets_are_kept_in_the_store(s3):
     assert names == ["stale-f3", "stale-f2"]  # f1: older than the newest two
 
 
-@pytest.mark.parametrize("sharded", [False, True], ids=["full", "sharded"])
-def test_a_store_that_stops_fails_the_save_in_one_line_naming_it_and_commits_nothing(tmp_path, sharded):
+@pytest.mark.parametrize("point", ["full", "sharded", pytest.param("dcp", marks=pytest.mark.slow)])  # dcp: retries
+def test_a_store_that_stops_fails_the_save_in_one_line_naming_it_and_commits_nothing(tmp_path, point, monkeypatch):
     from scalelab.storage import StoreError
 
-    base = tmp_path / "s3"
+    base, sharded = tmp_path / "s3", point != "full"
     with s3_server(base) as server:
         store = server.store()
         ckpt = lineage(store.join("ck"), store, "abc", steps=(10,), sharded=sharded)
+    if point == "dcp":  # the first request to fail is one of DCP's writes (not the leftover check before it)
+        monkeypatch.setattr(checkpoint_files.RemoteFiles, "exists", lambda self, name: False)
     with pytest.raises(StoreError) as got:  # the server is gone
         if sharded:
             ckpt.save(20, {"epoch": 0}, {"model": {"w": torch.full((4,), 20.0)}})
@@ -145,5 +147,8 @@ def test_a_store_that_stops_fails_the_save_in_one_line_naming_it_and_commits_not
             ckpt.save(20, {"w": torch.tensor([20])})
     message = str(got.value)
     assert len(message.splitlines()) == 1 and store.describe() in message, message
+    assert "connect" in message.lower(), message  # the cause, not DCP's wrapper of each rank's error
+    assert "writing step-00000020.dcp" in message if point == "dcp" else True, message
+    monkeypatch.undo()
     with s3_server(base, credentials=(server.access_key_id, server.secret_access_key)) as again:
         assert Checkpointer(store.join("ck"), "abc", store=again.store()).load_latest()["step"] == 10

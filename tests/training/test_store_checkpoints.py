@@ -71,9 +71,9 @@ def test_fsdp_checkpoints_in_the_store_resume_elsewhere_on_one_rank(workdir, pre
     store_disk = point_at(workdir, s3)
     two = {**FSDP, **EXACT, "epochs": EPOCHS, "checkpoint_every_steps": 20}
     ref = train(workdir, prepared_digits, out="ref", tracking={"enabled": False}, train=two)
-    resumed = kill_after_first_checkpoint(
-        workdir, prepared_digits, {"train": {**two, "checkpoint_dir": "store"}}, store_disk
-    )
+    # saved asynchronously (DCP's async_save through its fsspec writer): a cadence key, the same fingerprint
+    killed = {**two, "checkpoint_dir": "store", "async_checkpoint": True}
+    resumed = kill_after_first_checkpoint(workdir, prepared_digits, {"train": killed}, store_disk)
     [folder] = {p.parent for p in committed(store_disk)}  # <store>/checkpoints/<fingerprint>
     assert folder.parent == store_disk / "checkpoints"
     assert (folder / f"step-{resumed:08d}.dcp" / "__1_0.distcp").is_file()  # written by 2 ranks

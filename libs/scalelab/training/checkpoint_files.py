@@ -184,11 +184,13 @@ class RemoteFiles:
     @contextlib.contextmanager
     def guard(self, what: str) -> Iterator[None]:
         """Any failure inside becomes one line naming the store (and never a 40-line traceback)."""
+        from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: each rank's errors
+
         try:
             yield
         except StoreError:
             raise
-        except Exception as exc:
+        except (Exception, CheckpointException) as exc:
             raise StoreError(f"store {self.describe()}: {what} in {self.location} failed: {deepest(exc)}") from exc
 
     def names(self) -> list[str]:
@@ -253,7 +255,8 @@ class RemoteFiles:
 
         # DCP reads byte ranges of the shard files: botocore must not check a range against the
         # whole object's checksum, which S3-compatible servers (rclone) send with it
-        options = {**self.options, "config_kwargs": {"response_checksum_validation": "when_required"}}
+        config = {"response_checksum_validation": "when_required", "retries": {"max_attempts": 3}}
+        options = {**self.options, "config_kwargs": config}
         if writing:
             return {"storage_writer": FsspecWriter(self.at(name), **options)}
         return {"storage_reader": FsspecReader(self.at(name), **options)}
@@ -301,7 +304,13 @@ class RemoteFiles:
 def deepest(exc: BaseException) -> str:
     """The first line of the innermost cause (DCP wraps each rank's error in its own)."""
     seen = exc
-    while seen.__cause__ is not None or seen.__context__ is not None:
+    while True:
+        failures = getattr(seen, "failures", None)  # DCP's CheckpointException: {rank: wrapped error}
+        if isinstance(failures, dict) and failures:
+            wrapped = next(iter(failures.values()))  # (the error, its stack)
+            seen = wrapped[0] if isinstance(wrapped, tuple) and isinstance(wrapped[0], BaseException) else seen
+        if seen.__cause__ is None and seen.__context__ is None:
+            break
         seen = seen.__cause__ or seen.__context__
     return first_line(seen) if str(seen).strip() else first_line(exc)
 
