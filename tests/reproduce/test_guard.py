@@ -279,7 +279,8 @@ def test_write_params_refuses_a_symlinked_params_yaml(tmp_path):
     assert target.read_text() == "untouched\n"
     (worktree / "params.yaml").unlink()
     write_params(Client(tmp_path / "store"), run, worktree, tmp_path)
-    expected = f"train:\n  lr: 0.1\n  launcher: local\nslurm:\n  folder: {tmp_path / 'slurm'}\n"
+    # run here, checkpoints on this disk (never the original's in the store), SLURM folder under out
+    expected = f"train:\n  lr: 0.1\n  launcher: local\n  checkpoint_dir: ''\nslurm:\n  folder: {tmp_path / 'slurm'}\n"
     assert (worktree / "params.yaml").read_text() == expected
 
 

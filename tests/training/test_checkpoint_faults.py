@@ -122,7 +122,7 @@ def test_a_save_killed_anywhere_leaves_the_newest_complete_checkpoint(tmp_path, 
 SHARDED_CHILD = r"""
 import os, shutil, signal, sys, torch
 import torch.distributed.checkpoint.filesystem as fs
-import scalelab.training.checkpoint as ckpt_module
+import scalelab.training.checkpoint_files as files_module  # the local folder's writes (LocalFiles)
 from scalelab.training.checkpoint import Checkpointer
 
 folder, point, done = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -146,7 +146,7 @@ elif point == "shard":
 elif point == "metadata":
     fs.FileSystemWriter.finish = die
 elif point == "extra":
-    ckpt_module.atomic_write_bytes = die
+    files_module.atomic_write_bytes = die
 elif point == "rename":  # the commit: the hidden folder renamed into place
     os.replace = lambda src, dst: die() if os.path.isdir(src) else real_replace(src, dst)
 elif point == "prune":

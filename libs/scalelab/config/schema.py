@@ -7,18 +7,22 @@ profile by `scalelab.launch.shape.check_shape`, before any process or job starts
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from scalelab.config import registry
+from scalelab.config.checkpoints import (  # noqa: F401 (re-exported: where checkpoints live and resume from)
+    CHECKPOINT_NAME,
+    checkpoint_dir_problem,
+    resume_from_error,
+    resume_from_problem,
+)
 from scalelab.config.loader import ConfigError, build, check_name, knob, read_yaml
 from scalelab.config.names import LR_SCHEDULES, OPTIMIZERS
 from scalelab.config.strategies import STRATEGIES
 from scalelab.config.strategies import get as get_strategy
 
-CHECKPOINT_NAME = re.compile(r"^step-(\d{8})\.(pt|dcp)$")  # one checkpoint (training.checkpoint)
 StrategyName = Literal[tuple(STRATEGIES)]  # the registered strategies (config/strategies.py)
 OptimizerName = Literal[tuple(OPTIMIZERS)]  # config/names.py
 LrScheduleName = Literal[tuple(LR_SCHEDULES)]  # config/names.py
@@ -63,7 +67,7 @@ class FileConfig:
     standardize: bool = knob(False, doc="z-score every feature with the training split's mean and std")
 
 
-GLOB_CHARACTERS = "*?["
+GLOB_CHARACTERS = "*?["  # also in config.checkpoints
 
 
 @dataclass(**FROZEN)
@@ -167,6 +171,11 @@ class TrainConfig:
         "checkpoints of other params, data or code are moved) that a job with none of its own resumes from",
     )
     async_checkpoint: bool = knob(False, doc="write checkpoints in a background thread, overlapping the next steps")
+    checkpoint_dir: str = knob(
+        "",
+        doc="'': <out>/checkpoints; a folder; an fsspec URL (s3://bucket/prefix); or 'store': "
+        "<the clone's store>/checkpoints/<fingerprint>, where a job resumes from any machine",
+    )
     collective_timeout_s: float = knob(
         300.0,
         gt=0.0,
@@ -205,6 +214,13 @@ class TrainConfig:
             raise ConfigError(
                 f"{prefix}.resume_from = {self.resume_from!r} is not allowed: give '' (off) or the folder that holds "
                 "step-XXXXXXXX.pt or .dcp checkpoints, e.g. results/train/checkpoints/stale-<fingerprint>"
+            )
+        problem = checkpoint_dir_problem(self.checkpoint_dir)
+        if problem is not None:
+            raise ConfigError(
+                f"{prefix}.checkpoint_dir = {self.checkpoint_dir!r} is not allowed: {problem}; give '' "
+                "(<out>/checkpoints), 'store' (<the clone's store>/checkpoints/<fingerprint>), a folder, or an "
+                "fsspec URL such as s3://bucket/prefix"
             )
         if self.num_nodes > 1 and self.launcher != "slurm":
             raise ConfigError(
@@ -348,31 +364,6 @@ def parse_params(raw: Any, source: str) -> Params:
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     return params
-
-
-def resume_from_problem(value: str, root: Path) -> str | None:
-    """What is wrong, on disk, with `train.resume_from = value` read from the workspace `root`: the
-    folder does not exist or holds no checkpoint; None when it is off or fine. Not part of
-    `parse_params` (a stage that only reads params must not fail once the folder is gone): the
-    validate stage and the train command's plan ask it, before anything starts."""
-    if not value:
-        return None
-    path = Path(value).expanduser()
-    path = path if path.is_absolute() else root / path
-    if not path.is_dir():
-        return f"{path} " + ("does not exist" if not path.exists() else "is not a folder")
-    if not any(CHECKPOINT_NAME.match(p.name) for p in path.iterdir()):
-        return f"{path} holds no checkpoint (step-XXXXXXXX.pt or step-XXXXXXXX.dcp)"
-    return None
-
-
-def resume_from_error(value: str, problem: str, stale_sets: list[str]) -> str:
-    """The one-line refusal of `train.resume_from = value`, with the sets that could be given."""
-    allowed = ", ".join(stale_sets) if stale_sets else "results/train/checkpoints/stale-<fingerprint>"
-    return (
-        f"train.resume_from = {value!r} is not allowed: {problem}; give '' (off) or a folder of "
-        f"checkpoints moved aside: {allowed}"
-    )
 
 
 def check_best_metric(metric: str, data: DataConfig) -> None:

@@ -13,8 +13,8 @@ TIMING_METRICS = (
     "profile_trace_bytes",
 )
 # a sweep's pre-made run (the reproduction gets its own); where the job ran (reproduce runs it here,
-# its SLURM folder in its own temporary folder): none changes the weights
-IGNORED_PARAMS = ("tracking.run_id", "train.launcher", "slurm.folder")
+# its SLURM folder in its own temporary folder, its checkpoints on its own disk): none changes the weights
+IGNORED_PARAMS = ("tracking.run_id", "train.launcher", "train.checkpoint_dir", "slurm.folder")
 SWEEP_LABELS = ("override.", "sampled.")  # a sweep's copies of the values it set (train.* hold them too)
 
 

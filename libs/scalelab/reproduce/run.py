@@ -163,6 +163,7 @@ def write_params(client: Any, run: Any, worktree: Path, out: Path) -> None:
     check_config(config, run.data.params, run.data.tags)
     config.get("tracking", {}).pop("run_id", None)
     config["train"]["launcher"] = "local"
+    config["train"]["checkpoint_dir"] = ""  # its own, under `out`: never the original's (in the store)
     config.setdefault("slurm", {})["folder"] = str(out / "slurm")
     write_file(worktree, "params.yaml", yaml.safe_dump(config, sort_keys=False))
 

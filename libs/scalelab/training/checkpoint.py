@@ -7,7 +7,10 @@ file in the same folder and moved into place with os.replace. Under fsdp it is a
 `step-XXXXXXXX.dcp`: every rank writes its own shards of model and optimizer with
 `torch.distributed.checkpoint` (no rank ever holds the whole state), rank 0 adds the rest as
 `extra.pt`, and renames the hidden folder into place. Either way a name that matches is complete
-(the rename is the commit marker); the newest `keep` are kept.
+(the rename is the commit marker); the newest `keep` are kept. In an object store
+(`train.checkpoint_dir`, training.checkpoint_files) there is no rename: a `.pt` file is one PUT, and
+a sharded checkpoint is written in place, committed by its `extra.pt`, written last: a
+`step-XXXXXXXX.dcp` without it is never loaded and is removed by a later save.
 
 Each carries a fingerprint of what decides the final weights: the train params, the data, the
 global batch and the code of every folder the DVC stage `train` depends on (dvc.yaml). A
@@ -34,9 +37,6 @@ import json
 import logging
 import os
 import re
-import shutil
-import zipfile
-import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -46,14 +46,17 @@ import torch
 from scalelab.config import TrainConfig, to_dict
 from scalelab.config.schema import CHECKPOINT_NAME
 from scalelab.runtime import dist, seeds
-from scalelab.runtime.io import atomic_write_bytes, atomic_write_json, json_digest
+from scalelab.runtime.io import json_digest
 from scalelab.runtime.paths import stage_code_digest
+from scalelab.storage import Store
 from scalelab.training import strategy
+from scalelab.training.checkpoint_files import JOB_FILE, LocalFiles, RemoteFiles, cause, files_at, zip_damage
 from scalelab.training.loop import Loop
 from scalelab.training.plan import BEST_FILE  # beside the checkpoints: the best weights so far
 
 log = logging.getLogger(__name__)
 PATTERN = CHECKPOINT_NAME  # step-XXXXXXXX.pt (a file) or step-XXXXXXXX.dcp (a sharded folder)
+STORE_KEY = "shards_store"  # a loaded sharded checkpoint's store (never saved): read_shards reaches it with it
 EXTRA_FILE = "extra.pt"  # in a sharded checkpoint: everything but the shards (written by rank 0)
 # checkpoints of another fingerprint, moved aside by `Checkpointer.claim` (and a move under way)
 STALE_PATTERN = re.compile(r"^stale-([0-9a-zA-Z]+)(-\d+)?$")
@@ -69,6 +72,7 @@ CADENCE_KEYS = (
     "launcher",
     "collective_timeout_s",
     "async_checkpoint",
+    "checkpoint_dir",  # where checkpoints live does not change the math
 )
 # how the global batch is split over ranks and micro-steps: the ranks' batches of a step together are
 # one process's batch (training.sampler), so these change float rounding and each rank's random
@@ -123,7 +127,8 @@ def restore(state: dict[str, Any] | None, loop: Loop, seed: int, env: dist.DistE
         seeds.seed_all(seeds.rank_seed(seed, env.rank))
         return 0
     if "shards" in state:
-        strategy.load_sharded_state(loop.model, loop.optimizer, lambda target: read_shards(state["shards"], target))
+        shards, store = state["shards"], state.get(STORE_KEY)
+        strategy.load_sharded_state(loop.model, loop.optimizer, lambda target: read_shards(shards, target, store))
     else:
         strategy.unwrap(loop.model).load_state_dict(state["model"])
         loop.optimizer.load_state_dict(state["optimizer"])
@@ -143,17 +148,30 @@ def restore(state: dict[str, Any] | None, loop: Loop, seed: int, env: dist.DistE
     return state["step"]
 
 
-def read_shards(path: str | Path, target: dict[str, Any]) -> None:
+def read_shards(path: str | Path, target: dict[str, Any], store: Store | None = None) -> None:
     """Loads a sharded checkpoint's tensors into `target` in place (DCP: each rank reads what its
-    shards need, resharding when the world size changed)."""
+    shards need, resharding when the world size changed); `path` may be a URL in the store."""
     import torch.distributed.checkpoint as dcp
 
-    dcp.load(target, checkpoint_id=str(path))
+    parent, name = str(path).rstrip("/").rsplit("/", 1)
+    files = files_at(parent, store)
+    with files.guard(f"reading {name}"):
+        dcp.load(target, **files.dcp(name, writing=False))
 
 
 class Checkpointer:
-    def __init__(self, folder: str | Path, fingerprint: str, keep: int = 2, asynchronous: bool = False) -> None:
-        self.folder = Path(folder)
+    def __init__(
+        self,
+        folder: str | Path,
+        fingerprint: str,
+        keep: int = 2,
+        asynchronous: bool = False,
+        store: Store | None = None,
+    ) -> None:
+        """`folder`: a path, or a URL in an object store, reached with `store`'s endpoint and
+        credentials (default: this clone's store; training.checkpoint_files)."""
+        self.files: LocalFiles | RemoteFiles = files_at(folder, store)
+        self.folder = self.files.at()  # a Path, or the URL
         self.fingerprint = fingerprint
         self.keep = keep
         self.asynchronous = asynchronous
@@ -174,15 +192,23 @@ class Checkpointer:
 
     def steps(self) -> list[int]:
         """Steps of the checkpoint files present, newest first."""
-        if not self.folder.is_dir():
-            return []
-        found = (PATTERN.match(p.name) for p in self.folder.iterdir())
-        return sorted((int(m.group(1)) for m in found if m), reverse=True)
+        names = self.files.names()
+        if self.files.remote:  # in a store, a sharded checkpoint without its extra.pt never committed
+            names = [n for n in names if not n.endswith(".dcp") or self.files.is_file(f"{n}/{EXTRA_FILE}")]
+        found = (PATTERN.match(name) for name in names)
+        return sorted({int(m.group(1)) for m in found if m}, reverse=True)
 
-    def path(self, step: int) -> Path:
+    def name(self, step: int) -> str:
         """The checkpoint of `step`: a sharded folder if there is one, else the file."""
-        sharded = self.folder / f"step-{step:08d}.dcp"
-        return sharded if sharded.is_dir() else self.folder / f"step-{step:08d}.pt"
+        sharded = f"step-{step:08d}.dcp"
+        return sharded if self.files.is_dir(sharded) else f"step-{step:08d}.pt"
+
+    def path(self, step: int) -> Path | str:
+        return self.files.at(self.name(step))
+
+    def meta(self) -> dict[str, Any] | None:
+        """job.json: the fingerprint and run id the folder is tied to, or None."""
+        return json.loads(self.files.read(JOB_FILE)) if self.files.is_file(JOB_FILE) else None
 
     def claim(self, keep: Path | None = None) -> str | None:
         """Binds the folder to this fingerprint; returns the run id of an earlier try, if any.
@@ -194,26 +220,26 @@ class Checkpointer:
         A finished job's checkpoints of this very fingerprint are removed: a rerun remakes them.
         Call on global rank 0 only, before the first step.
         """
-        meta = self.folder / "job.json"
-        if not meta.is_file():
-            self._finish_moves()  # a move aside killed after it took job.json
+        old = self.meta()
+        if old is None:
+            for done in self.files.finish_moves(MOVING_PATTERN):  # a move aside killed after it took job.json
+                log.warning("finished moving %s aside", done)
             return None
-        old = json.loads(meta.read_text())
         if old.get("fingerprint") == self.fingerprint and not old.get("finished"):
             return old.get("run_id")
         # this job holds the output folder's lock (runtime.lock), so it owns what is in it
         if old.get("fingerprint") == self.fingerprint:
             log.info("run %s in %s finished: training anew into a new run", old.get("run_id"), self.folder)
             for entry in self._own_entries():
-                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+                self.files.remove(entry)
             return None
         found = self.steps()
-        moving = self.folder / f".stale-{old.get('fingerprint')}.moving"  # a move aside killed halfway
-        if not found and not (self.folder / BEST_FILE).exists() and not moving.exists():  # none saved yet
+        moving = self.files.moving(str(old.get("fingerprint")))  # a move aside killed halfway
+        if not found and not self.files.exists(BEST_FILE) and not moving:  # none saved yet
             for entry in self._own_entries():
-                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+                self.files.remove(entry)
             return None
-        stale = self._move_aside(str(old.get("fingerprint")))
+        stale = self.files.move_aside(self._own_entries(), str(old.get("fingerprint")))
         log.warning(
             "moved %d checkpoint(s) of fingerprint %s (newest: step %d) to %s: they were made with other "
             "params, data or code (this job's fingerprint is %s) and are not resumed; to go on from them "
@@ -228,56 +254,30 @@ class Checkpointer:
         self._prune_stale(keep)
         return None
 
-    def stale_sets(self) -> list[Path]:
+    def stale_sets(self) -> list[Path | str]:
         """The checkpoint sets moved aside (`stale-<fingerprint>[-n]/`), newest first."""
-        if not self.folder.is_dir():
-            return []
-        found = [p for p in self.folder.iterdir() if p.is_dir() and STALE_PATTERN.match(p.name)]
-        return sorted(found, key=lambda p: (p.stat().st_mtime_ns, p.name), reverse=True)
+        found = [n for n in self.files.names() if STALE_PATTERN.match(n) and self.files.is_dir(n)]
+        found.sort(key=lambda n: (self.files.age(n), n), reverse=True)
+        return [self.files.at(n) for n in found]
 
-    def _own_entries(self) -> list[Path]:
+    def _own_entries(self) -> list[str]:
         """What the folder holds for its one fingerprint: everything but the stale sets."""
         moving = MOVING_PATTERN.match
-        return [p for p in self.folder.iterdir() if not STALE_PATTERN.match(p.name) and not moving(p.name)]
-
-    def _move_aside(self, old: str) -> Path:
-        """Moves every checkpoint entry (job.json last) into `stale-<old>/`, by renames in one
-        filesystem: a move killed halfway is finished by the next claim, and nothing is lost."""
-        moving = self.folder / f".stale-{old}.moving"
-        moving.mkdir(exist_ok=True)  # an earlier, interrupted move of this set goes on
-        for entry in sorted(self._own_entries(), key=lambda p: p.name == "job.json"):
-            os.replace(entry, moving / entry.name)
-        return self._finish_move(moving, old)
-
-    def _finish_move(self, moving: Path, old: str) -> Path:
-        stale, n = self.folder / f"stale-{old}", 1
-        while stale.exists():  # the same fingerprint moved aside before: both sets are kept
-            n += 1
-            stale = self.folder / f"stale-{old}-{n}"
-        os.replace(moving, stale)
-        os.utime(stale)  # its age is when it was moved aside (stale_sets orders by it)
-        return stale
-
-    def _finish_moves(self) -> None:
-        if self.folder.is_dir():
-            for moving in self.folder.iterdir():
-                m = MOVING_PATTERN.match(moving.name)
-                if m and moving.is_dir():
-                    log.warning("finished moving %s aside: %s", moving.name, self._finish_move(moving, m.group(1)))
+        return [n for n in self.files.names() if not STALE_PATTERN.match(n) and not moving(n)]
 
     def _prune_stale(self, keep: Path | None) -> None:
         """Removes the stale sets older than the newest `KEEP_STALE`, never `keep`."""
-        protected = keep.resolve() if keep is not None else None
+        resolve = (lambda p: str(p).rstrip("/")) if self.files.remote else (lambda p: Path(p).resolve())
+        protected = resolve(keep) if keep is not None else None
         for old in self.stale_sets()[KEEP_STALE:]:
-            if old.resolve() != protected:
+            if resolve(old) != protected:
                 log.info("removing %s: older than the newest %d checkpoint sets moved aside", old, KEEP_STALE)
-                shutil.rmtree(old)
+                self.files.remove(str(old).rstrip("/").rsplit("/", 1)[-1])
 
     def record(self, run_id: str | None, finished: bool = False) -> None:
         """Ties the folder to this fingerprint and run; `finished` once the job wrote its outputs."""
-        atomic_write_json(
-            self.folder / "job.json", {"fingerprint": self.fingerprint, "run_id": run_id, "finished": finished}
-        )
+        meta = {"fingerprint": self.fingerprint, "run_id": run_id, "finished": finished}
+        self.files.write(JOB_FILE, (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode())
 
     def save(self, step: int, state: dict[str, Any], shards: dict[str, Any] | None = None) -> Path:
         """Writes one checkpoint atomically and prunes all but the newest `keep`.
@@ -291,10 +291,10 @@ class Checkpointer:
         torch.save({**state, "step": step, "fingerprint": self.fingerprint}, buf)  # a copy: training may go on
         if shards is not None:
             return self._save_shards(step, shards, buf.getvalue())
-        path = self.folder / f"step-{step:08d}.pt"
+        path = self.files.at(f"step-{step:08d}.pt")
 
         def write() -> None:
-            atomic_write_bytes(path, buf.getvalue())
+            self.files.write(f"step-{step:08d}.pt", buf.getvalue())
             self._prune()
 
         self._in_background(write) if self.asynchronous else write()
@@ -302,36 +302,50 @@ class Checkpointer:
 
     def _prune(self) -> None:
         for old in self.steps()[self.keep :]:
-            old_path = self.path(old)
-            shutil.rmtree(old_path) if old_path.is_dir() else old_path.unlink(missing_ok=True)
+            self.files.remove(self.name(old))
+        if self.files.remote:  # sharded checkpoints of a save that never committed (no extra.pt)
+            for name in self.files.names():
+                if name.endswith(".dcp") and PATTERN.match(name) and not self.files.is_file(f"{name}/{EXTRA_FILE}"):
+                    self.files.remove(name)
 
     def _save_shards(self, step: int, shards: dict[str, Any], extra: bytes) -> Path:
         import torch.distributed as tdist
         import torch.distributed.checkpoint as dcp
 
-        path, tmp = self.folder / f"step-{step:08d}.dcp", self.folder / f".step-{step:08d}.dcp.tmp"
+        files, name = self.files, f"step-{step:08d}.dcp"
+        # on a disk: into a hidden folder, renamed into place; in a store: in place, committed by extra.pt
+        tmp = name if files.remote else f".{name}.tmp"
         main = dist.read_env().is_main
         if main:
-            if tmp.exists():  # left by a save killed earlier at this step
-                shutil.rmtree(tmp)
-            tmp.mkdir(parents=True)
+            if files.exists(tmp):  # left by a save killed earlier at this step
+                files.remove(tmp)
+            if not files.remote:
+                files.at(tmp).mkdir(parents=True)
         dist.barrier()
 
         def commit() -> None:  # rank 0, once every rank's shards and the metadata are written
             if main:
-                atomic_write_bytes(tmp / EXTRA_FILE, extra)
-                os.replace(tmp, path)  # the commit: a folder with this name is complete
+                files.write(f"{tmp}/{EXTRA_FILE}", extra)  # in a store, the commit: written last
+                if not files.remote:
+                    os.replace(files.at(tmp), files.at(name))  # the commit: a folder with this name is complete
                 self._prune()
 
         if not self.asynchronous:
-            dcp.save(shards, checkpoint_id=str(tmp))  # returns once every rank's shards and the metadata are written
+            with files.guard(f"writing {name}"):  # returns once every rank's shards and the metadata are written
+                dcp.save(shards, **files.dcp(tmp, writing=True))
             commit()
-            return path
+            return files.at(name)
         if self._group is None and tdist.is_initialized():  # every rank saves: a collective call
             self._group = tdist.new_group(backend="gloo")  # the background writes' collectives, apart from training's
-        written = dcp.async_save(shards, checkpoint_id=str(tmp), process_group=self._group)  # returns once staged
-        self._in_background(lambda: (written.result(), commit()))
-        return path
+        written = dcp.async_save(shards, **files.dcp(tmp, writing=True), process_group=self._group)  # once staged
+
+        def finish() -> None:
+            with files.guard(f"writing {name}"):
+                written.result()
+            commit()
+
+        self._in_background(finish)
+        return files.at(name)
 
     def load_latest(self) -> dict[str, Any] | None:
         """The newest checkpoint that loads and matches the fingerprint, or None.
@@ -345,7 +359,7 @@ class Checkpointer:
             CheckpointError: a checkpoint that is intact but cannot be loaded.
         """
         for step in self.steps():
-            state = read_checkpoint(self.path(step))
+            state = read_entry(self.files, self.name(step))
             if state is not None and state.get("fingerprint") == self.fingerprint:
                 return state
         return None
@@ -358,35 +372,25 @@ class CheckpointError(RuntimeError):
 def read_checkpoint(path: Path) -> dict[str, Any] | None:
     """One checkpoint (a `step-*.pt` file or a sharded `step-*.dcp` folder) on the CPU, tensors and
     plain values only; None, with a warning, when it is damaged (see `Checkpointer.load_latest`)."""
-    file = path / EXTRA_FILE if path.is_dir() else path
-    if not file.is_file():
-        log.warning("skipping damaged checkpoint %s: %s is missing (the save never completed)", path, file.name)
+    return read_entry(LocalFiles(Path(path).parent), Path(path).name)
+
+
+def read_entry(files: LocalFiles | RemoteFiles, name: str) -> dict[str, Any] | None:
+    """`read_checkpoint` of the checkpoint `name` in `files` (a local folder or one in a store)."""
+    path, sharded = files.at(name), files.is_dir(name)
+    file = f"{name}/{EXTRA_FILE}" if sharded else name
+    if not files.is_file(file):
+        log.warning("skipping damaged checkpoint %s: %s is missing (the save never completed)", path, EXTRA_FILE)
         return None
+    source = files.source(file)
     try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
+        state = torch.load(source, map_location="cpu", weights_only=True)
     except Exception as exc:
-        damage = zip_damage(file)
+        damage = zip_damage(source)
         if damage is None:  # an intact file: the cause is systematic, and every older one has it too
             raise CheckpointError(f"checkpoint {path} is intact but cannot be loaded: {cause(exc)}") from exc
         log.warning("skipping damaged checkpoint %s: %s", path, damage)
         return None
-    return {**state, "shards": str(path)} if path.is_dir() else state
-
-
-def cause(exc: BaseException) -> str:
-    """The line of an error that says what went wrong (torch's weights_only refusal puts it after
-    a paragraph of advice), without terminal colour codes."""
-    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(exc).splitlines()]
-    lines = [line for line in lines if line] or [type(exc).__name__]
-    return next((line for line in lines if "Unsupported global" in line), lines[0])
-
-
-def zip_damage(file: Path) -> str | None:
-    """What is wrong with the zip archive `torch.save` wrote, or None when every member reads back
-    with its CRC (the archive is intact)."""
-    try:
-        with zipfile.ZipFile(file) as archive:
-            bad = archive.testzip()
-    except (zipfile.BadZipFile, EOFError, zlib.error) as exc:
-        return f"not a readable zip archive ({exc})"
-    return None if bad is None else f"{bad} fails its CRC check"
+    if not sharded:
+        return state
+    return {**state, "shards": str(path), **({STORE_KEY: files.store} if files.remote else {})}

@@ -24,6 +24,7 @@ from scalelab.config import Params
 from scalelab.data.store import open_split, verify
 from scalelab.runtime import dist, seeds
 from scalelab.runtime.device import setup_process
+from scalelab.runtime.io import atomic_write_text
 from scalelab.runtime.signals import StopFlag
 from scalelab.runtime.timings import mark
 from scalelab.tracking import MlflowTracker, NullTracker, Tracker, UnsentMetrics, provenance, sysmetrics
@@ -41,6 +42,7 @@ from scalelab.training.run_record import log_resumed_params, log_run_inputs, run
 
 log = logging.getLogger(__name__)
 PENDING_KEY = "pending_metrics"  # checkpoint entry: metrics not yet confirmed stored in MLflow
+LOCATION_FILE = "location.txt"  # in <out>/checkpoints when train.checkpoint_dir puts them elsewhere
 WINDOW_KEY = "meter_window"  # checkpoint entry: every rank's open logging window (training.meter)
 
 
@@ -61,6 +63,7 @@ def open_tracker(
     ckpt: Checkpointer,
     device: torch.device,
     data_dir: str | Path,
+    out: Path,
     resume_source: Path | None = None,
 ) -> Tracker:
     """Rank 0 opens (or resumes) the job's MLflow run; every other rank gets a no-op tracker.
@@ -94,7 +97,7 @@ def open_tracker(
                     log_resumed_params(tracker, params)
                     tracker.skip_stored()
             except BaseException:
-                close(tracker, "FAILED", ckpt.folder.parent)  # the run exists: it must not stay RUNNING
+                close(tracker, "FAILED", out)  # the run exists: it must not stay RUNNING
                 raise
         else:
             ckpt.record(None)
@@ -118,13 +121,19 @@ def run(
     mark("process_group")  # joined: torchrun's rendezvous and init_process_group are done
     out = Path(out_dir)
     manifest = verify(data_dir)
-    ckpt = Checkpointer(
-        out / "checkpoints", fingerprint(t, manifest), keep=t.keep_checkpoints, asynchronous=t.async_checkpoint
+    ckpt = Checkpointer(  # train.checkpoint_dir: this disk, or a store (checked before launch)
+        plan.checkpoints or out / "checkpoints",
+        fingerprint(t, manifest),
+        keep=t.keep_checkpoints,
+        asynchronous=t.async_checkpoint,
     )
+    if env.is_main and plan.checkpoints and Path(plan.checkpoints) != out / "checkpoints":
+        # DVC's persisted output <out>/checkpoints says where they went (a folder or the store)
+        atomic_write_text(out / "checkpoints" / LOCATION_FILE, f"{plan.checkpoints}\n")
     if env.is_main and t.profile.enabled:
         profiling.clear(out / "profile")  # an earlier run's traces must not be logged with this one
     source = resume_source(t.resume_from)
-    tracker = open_tracker(params, env, ckpt, device, data_dir, source)
+    tracker = open_tracker(params, env, ckpt, device, data_dir, out, source)
     mark("run_created")  # the MLflow run with its params, tags and provenance artifacts
     monitor = sysmetrics.NodeMonitor(None)
     try:
@@ -296,7 +305,7 @@ def _train(
     digest = outputs.weights_digest(weights)
     summary["rank_weight_sha256"] = [digest] if strategy.is_sharded(loop.model) else dist.all_gather_object(digest)
     if env.is_main and not stopped:
-        outputs.write_outputs(params, weights, manifest, out, summary, tracker, env)
+        outputs.write_outputs(params, weights, manifest, out, summary, tracker, env, ckpt)
         ckpt.record(tracker.run_id, finished=True)  # a rerun trains anew: a finished job never resumes
     dist.barrier()
     mark("outputs_written")

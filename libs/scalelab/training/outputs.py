@@ -35,7 +35,7 @@ class BestWeights:
     finds the same improvements) without a disk write per validation."""
 
     def __init__(self, params: Params, manifest: dict[str, Any], ckpt: Checkpointer) -> None:
-        self.params, self.manifest, self.path = params, manifest, ckpt.folder / BEST_FILE
+        self.params, self.manifest, self.files = params, manifest, ckpt.files  # beside the checkpoints
         self.unwritten: bytes | None = None
 
     def keep(self, loop: Loop, env: dist.DistEnv, best: Best) -> None:
@@ -48,7 +48,7 @@ class BestWeights:
     def write(self) -> None:
         """Writes the kept weights, if newer than the file (rank 0)."""
         if self.unwritten is not None:
-            atomic_write_bytes(self.path, self.unwritten)
+            self.files.write(BEST_FILE, self.unwritten)
             self.unwritten = None
 
 
@@ -94,12 +94,12 @@ def write_outputs(
     summary: dict[str, Any],
     tracker: Tracker,
     env: dist.DistEnv,
+    ckpt: Checkpointer,
 ) -> None:
     atomic_write_bytes(out / MODEL_FILE, model_file(params, weights, manifest))
-    kept = out / "checkpoints" / BEST_FILE
     best_weights = None  # best.pt holds the best weights; else why it holds the last ones
-    if kept.is_file():
-        atomic_write_bytes(out / BEST_FILE, kept.read_bytes())
+    if ckpt.files.is_file(BEST_FILE):  # kept beside the checkpoints (BestWeights)
+        atomic_write_bytes(out / BEST_FILE, ckpt.files.read(BEST_FILE))
     else:
         best_weights = no_best_reason(params.train.best_metric, summary)
         log.warning("%s: best.pt holds the last weights (step %d), marked as such", best_weights, summary["step"])

@@ -32,6 +32,7 @@ class RunPlan:
     global_batch: int  # samples per optimizer step, all ranks together
     steps_per_epoch: int  # optimizer steps per epoch (DistributedSampler, drop_last)
     total_steps: int
+    checkpoints: str = ""  # train.checkpoint_dir resolved: a folder or a URL ("": <out>/checkpoints)
 
     @classmethod
     def of(cls, train: TrainConfig, num_train_samples: int) -> RunPlan:

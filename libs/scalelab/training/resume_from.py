@@ -15,7 +15,6 @@ from typing import Any
 from scalelab.config import ConfigError
 from scalelab.config.schema import resume_from_error, resume_from_problem
 from scalelab.runtime import dist
-from scalelab.runtime.io import atomic_write_bytes
 from scalelab.runtime.paths import repo_root
 from scalelab.tracking import Tracker
 from scalelab.training.checkpoint import Checkpointer, CheckpointError, cause, read_checkpoint, restore
@@ -49,7 +48,7 @@ def load_resume_source(source: Path, ckpt: Checkpointer, env: dist.DistEnv) -> d
             ckpt.fingerprint,
         )
         if (source / BEST_FILE).is_file():
-            atomic_write_bytes(ckpt.folder / BEST_FILE, (source / BEST_FILE).read_bytes())
+            ckpt.files.write(BEST_FILE, (source / BEST_FILE).read_bytes())
     dist.barrier()  # every rank sees best.pt as rank 0 left it
     return state
 
@@ -77,7 +76,7 @@ def restore_resumed(
             f"train.resume_from = {str(source)!r}: its checkpoint of step {state['step']} does not fit this job's "
             f"model, optimizer or parts: {cause(exc)}"
         ) from exc
-    if "best" in parts and not (ckpt.folder / BEST_FILE).is_file():  # no best.pt came with it: no best yet
+    if "best" in parts and not ckpt.files.is_file(BEST_FILE):  # no best.pt came with it: no best yet
         best = parts["best"]
         best.load_state_dict({"value": None, "step": 0, "since_better": 0})
     tracker.set_tags(

@@ -3,7 +3,8 @@
     scalelab train --params params.yaml --data data/prepared --out results/train
 
 `launch()` checks everything before any process, job or MLflow run exists: the prepared data, the
-model, the run plan (`RunPlan.of`) and the job's shape (on this machine, or the SLURM pre-flight).
+model, the run plan (`RunPlan.of`), the job's shape (on this machine, or the SLURM pre-flight) and,
+when checkpoints go to a store (`train.checkpoint_dir`), that the store answers.
 It writes `<out>/resolved.json` once; every rank reads it (`scalelab train-worker`), locally and on
 SLURM alike. By hand, on 2 CPU processes, after a `scalelab train` has written it:
 
@@ -13,6 +14,7 @@ SLURM alike. By hand, on 2 CPU processes, after a `scalelab train` has written i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -29,12 +31,15 @@ from scalelab.launch.shape import check_shape, local_capacity, train_shape
 from scalelab.runtime import lifeline
 from scalelab.runtime.io import atomic_write_json
 from scalelab.runtime.lock import FolderLock
+from scalelab.runtime.paths import repo_root
 from scalelab.runtime.signals import StopFlag, raise_on_sigterm
+from scalelab.storage import StoreError, configured, is_url
 from scalelab.tracking import tracking_uri
 from scalelab.tracking.secrets import mask_uri
 from scalelab.training import evaluation, job, workloads
-from scalelab.training.checkpoint import Checkpointer
-from scalelab.training.plan import RunPlan, read_resolved, write_resolved
+from scalelab.training.checkpoint import Checkpointer, fingerprint
+from scalelab.training.checkpoint_files import check_location, checkpoint_location
+from scalelab.training.plan import RESOLVED_FILE, RunPlan, read_resolved, write_resolved
 from scalelab.training.resume_from import check_resume_from
 
 log = logging.getLogger(__name__)
@@ -67,7 +72,32 @@ def plan_job(params: Params, data_dir: str | Path, out_dir: str | Path | None = 
             f"{data_dir}: the {empty[0]} split holds no sample of train.model.seq_len = {wl.seq_len} tokens"
         )
     check_resume_from(t.resume_from, out_dir)
-    return RunPlan.of(t, splits["train"])
+    plan = RunPlan.of(t, splits["train"])
+    if out_dir is None or not t.checkpoint_dir:
+        return plan
+    return dataclasses.replace(plan, checkpoints=locate_checkpoints(params, manifest, out_dir))
+
+
+def locate_checkpoints(params: Params, manifest: dict[str, Any], out_dir: str | Path) -> str:
+    """Where the job's checkpoints go (`train.checkpoint_dir`): a folder, or a URL in a store that
+    has answered with these credentials.
+
+    Raises:
+        StoreError: `store` without a store, or a store that is unreachable or refuses the credentials.
+    """
+    t = params.train
+    store = configured(repo_root()) if t.checkpoint_dir == "store" or is_url(t.checkpoint_dir) else None
+    location = checkpoint_location(t.checkpoint_dir, out_dir, fingerprint(t, manifest), store)
+    check_location(location)
+    return location
+
+
+def checkpoints_of(out_dir: str | Path) -> Checkpointer:
+    """The job's checkpoint folder, where its plan put it (`<out>/checkpoints` unless
+    `train.checkpoint_dir` says otherwise), to read its job.json and steps."""
+    resolved = Path(out_dir) / RESOLVED_FILE
+    location = json.loads(resolved.read_text())["plan"].get("checkpoints", "") if resolved.is_file() else ""
+    return Checkpointer(location or Path(out_dir) / "checkpoints", "")
 
 
 def resolve(params: Params, data_dir: str | Path, out_dir: str | Path) -> Path:
@@ -122,9 +152,11 @@ class Interrupted(Exception):
 
     def __init__(self, signum: int, out_dir: str | Path, status: str | None) -> None:
         self.exit_status = 128 + signum  # 130 for Ctrl-C, as a shell reports it
-        meta = Path(out_dir) / "checkpoints" / "job.json"
-        run_id = json.loads(meta.read_text()).get("run_id") if meta.is_file() else None
-        steps = Checkpointer(Path(out_dir) / "checkpoints", "").steps()  # full and sharded, newest first
+        try:
+            ckpt = checkpoints_of(out_dir)
+            run_id, steps = (ckpt.meta() or {}).get("run_id"), ckpt.steps()  # full and sharded, newest first
+        except StoreError:  # the store stopped answering too
+            run_id, steps = None, []
         where = f"resumes from step {steps[0]}" if steps else "starts again from step 0 (no checkpoint yet)"
         run = f"run {run_id} is {status or 'of unknown status (the tracking store did not answer)'}"
         run = run if run_id else "no MLflow run was open"
@@ -134,9 +166,12 @@ class Interrupted(Exception):
 def close_run(params: Params, out_dir: str | Path, status: str) -> str | None:
     """Ends the job's MLflow run with `status` if it is still RUNNING (a rank died before it could);
     returns the run's final status (None without a run, or when the store does not answer). The id
-    is the one rank 0 recorded in <out>/checkpoints/job.json."""
-    meta = Path(out_dir) / "checkpoints" / "job.json"
-    run_id = json.loads(meta.read_text()).get("run_id") if meta.is_file() else None
+    is the one rank 0 recorded in the checkpoint folder's job.json."""
+    try:
+        run_id = (checkpoints_of(out_dir).meta() or {}).get("run_id")
+    except StoreError as exc:  # the store stopped answering: the job's own error says so
+        log.error("%s", exc)
+        return None
     if not params.tracking.enabled or not run_id:
         return None
     from mlflow import MlflowClient
