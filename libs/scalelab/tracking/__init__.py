@@ -1,4 +1,5 @@
-"""Tracking: the tracker interface and its MLflow implementation (`tracker`), the metric writer
+"""Tracking: the tracker interface and its MLflow implementation (`tracker`), where the store is
+(`location`: MLFLOW_TRACKING_URI, .scalelab.local.yaml, mlflow.db), the metric writer
 process (`writer`), metrics kept for later when the store is down (`unsent`), per-node system
 metrics (`sysmetrics`) and provenance (`provenance`).
 

@@ -17,31 +17,28 @@ shrink it) and sets the status: `training.job.run` calls it on success and on fa
 killed run ends KILLED or FAILED, never RUNNING. What the store still refuses then is written to a
 file and sent later (scalelab.tracking.unsent).
 
-The store is `MLFLOW_TRACKING_URI` when set, else the `tracking_uri` of the main repository's
-git-ignored `.scalelab.local.yaml` (a clone pointed at the lab's server: `tracking_uri:
-http://host:port`), else `mlflow.db` (SQLite) in the main repository (`runtime.paths.store_root`:
-never a DVC experiment's temporary copy, never the current directory by accident). With an SQLite
-store, a new experiment keeps its artifacts in `mlruns/` beside the database file, wherever the
-command runs from.
+Where the store is: scalelab.tracking.location.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from scalelab.runtime.paths import store_root
 from scalelab.tracking import unsent
+from scalelab.tracking.location import (  # noqa: F401 (re-exported)
+    LOCAL_FILE,
+    LocalFileError,
+    private_store,
+    sqlite_file,
+    store_init_lock,
+    tracking_uri,
+)
 from scalelab.tracking.secrets import mask_uri
 from scalelab.tracking.writer import ProcessWriter, backoff_s, seconds_from_env, store
 from scalelab.tracking.writer import Row as MetricRow
@@ -56,7 +53,6 @@ log = logging.getLogger(__name__)
 # files over MLFLOW_MULTIPART_UPLOAD_MINIMUM_FILE_SIZE (500 MB) would go to the store the same way.
 os.environ.setdefault("MLFLOW_ENABLE_PROXY_MULTIPART_DOWNLOAD", "false")
 os.environ.setdefault("MLFLOW_ENABLE_PROXY_MULTIPART_UPLOAD", "false")
-LOCAL_FILE = ".scalelab.local.yaml"  # a clone's own settings, ignored by git: the lab's tracking server
 PARAM_MAX_CHARS = 6000
 BATCH_PARAMS = 100
 FINISH_WAIT_S = 20.0  # finish() takes at most about this long (torchrun SIGKILLs 30 s after SIGTERM)
@@ -68,85 +64,6 @@ EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 def finish_wait_s() -> float:
     """How long finish() may wait for the store: SCALELAB_FINISH_WAIT_S, else FINISH_WAIT_S."""
     return seconds_from_env("SCALELAB_FINISH_WAIT_S", FINISH_WAIT_S)
-
-
-def tracking_uri() -> str:
-    """The one place the tracking store is chosen: MLFLOW_TRACKING_URI, else `tracking_uri` in the
-    main repository's git-ignored .scalelab.local.yaml (the lab's server), else an absolute sqlite
-    URI for mlflow.db there."""
-    if os.environ.get("MLFLOW_TRACKING_URI"):
-        return os.environ["MLFLOW_TRACKING_URI"]
-    root = store_root()
-    return local_tracking_uri(root / LOCAL_FILE) or f"sqlite:///{root / 'mlflow.db'}"
-
-
-class LocalFileError(ValueError):
-    """A malformed .scalelab.local.yaml: one line naming the file, the key, the value and what is
-    allowed (not a ConfigError, which commands prefix with their params file)."""
-
-    exit_status = 2  # the CLI's "bad input"
-
-
-def local_tracking_uri(path: Path) -> str | None:
-    """`tracking_uri` of a clone's .scalelab.local.yaml (None when the file is absent); raises
-    LocalFileError (exit 2) naming the file, the key and the value for anything else than
-    `tracking_uri: http(s)://host:port`."""
-    if not path.is_file():
-        return None
-    allowed = "the only key is tracking_uri, an http:// or https:// URL such as http://login01:5000"
-    try:
-        settings = yaml.safe_load(path.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise LocalFileError(f"{path}: cannot be read as YAML ({first}); {allowed}") from None
-    if settings is None:
-        return None
-    if not isinstance(settings, dict):
-        raise LocalFileError(
-            f"{path}: {type(settings).__name__} {mask_uri(str(settings))!r} is not a mapping; {allowed}"
-        )
-    unknown = sorted(str(k) for k in settings if k != "tracking_uri")
-    if unknown:
-        raise LocalFileError(f"{path}: unknown key {unknown[0]!r}; {allowed}")
-    uri = settings.get("tracking_uri")
-    if not isinstance(uri, str) or not uri.startswith(("http://", "https://")) or len(uri.split("://", 1)[1]) == 0:
-        raise LocalFileError(f"{path}: tracking_uri = {mask_uri(str(uri))!r} is not allowed; {allowed}")
-    return uri.rstrip("/")
-
-
-def sqlite_file(uri: str) -> Path | None:
-    """The database file of an `sqlite:///` URI, else None."""
-    return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
-
-
-@contextmanager
-def store_init_lock(uri: str) -> Iterator[None]:
-    """Held while this process first touches an SQLite store: two jobs started at once (queued DVC
-    experiments) must not both create its tables. A no-op for a server.
-
-    The store it creates is its owner's alone (`private_store`)."""
-    db = sqlite_file(uri)
-    if db is None:
-        yield
-        return
-    db.parent.mkdir(parents=True, exist_ok=True)
-    lock = os.open(db.with_name(db.name + ".init-lock"), os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600)
-    with os.fdopen(lock, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        private_store(uri)
-        yield
-
-
-def private_store(uri: str) -> None:
-    """Creates an SQLite store's file (0600) and artifact folder `mlruns/` (0700) if they are not
-    there yet, whatever the umask, before MLflow creates them: a store that others can read shows
-    them every run (SQLite gives its journal the database's mode). A no-op for a server."""
-    db = sqlite_file(uri)
-    if db is None or db.exists():
-        return
-    db.parent.mkdir(parents=True, exist_ok=True)
-    os.close(os.open(db, os.O_CREAT | os.O_WRONLY, 0o600))
-    (db.parent / "mlruns").mkdir(mode=0o700, exist_ok=True)
 
 
 class Tracker:
