@@ -60,11 +60,50 @@ def test_sharded_checkpoints_commit_with_extra_pt_last_and_load(where, asynchron
         ckpt.save(step, {"epoch": 0}, {"model": {"w": torch.full((4,), float(step))}})
     ckpt.wait()
     assert ckpt.steps() == [30, 20]
-    assert {p.name for p in (disk / "step-00000030.dcp").iterdir()} == {".metadata", "__0_0.distcp", "extra.pt"}
+    assert {p.name for p in (disk / "step-00000030.dcp").iterdir()} == {
+        ".metadata",
+        "__0_0.distcp",
+        "metadata.sha256",
+        "extra.pt",
+    }
     state = Checkpointer(location, "abc", store=store).load_latest()
     target = {"model": {"w": torch.zeros(4)}}
     read_shards(state["shards"], target, store)
     assert state["step"] == 30 and bool((target["model"]["w"] == 30).all())
+
+
+class Planted:
+    """A pickle that runs code when loaded: DCP unpickles `.metadata`."""
+
+    def __reduce__(self):
+        import pathlib
+
+        return (pathlib.Path.touch, (pathlib.Path(PLANTED_FLAG),))
+
+
+PLANTED_FLAG = "/tmp/scalelab-test-planted-pickle-ran"
+
+
+@pytest.mark.parametrize("tamper", ["replaced", "digest removed"])
+def test_a_changed_metadata_pickle_is_refused_before_it_is_unpickled(where, tamper):
+    import os
+    import pickle
+
+    from scalelab.training.checkpoint import CheckpointError
+
+    location, store, _ = where
+    ckpt = Checkpointer(location, "abc", store=store)
+    ckpt.save(10, {"epoch": 0}, {"model": {"w": torch.ones(4)}})
+    state = Checkpointer(location, "abc", store=store).load_latest()
+    if tamper == "replaced":  # through the store's own API (rclone caches what it lists)
+        ckpt.files.write("step-00000010.dcp/.metadata", pickle.dumps(Planted()))
+    else:
+        ckpt.files.remove("step-00000010.dcp/metadata.sha256")
+    if os.path.exists(PLANTED_FLAG):
+        os.unlink(PLANTED_FLAG)
+    with pytest.raises(CheckpointError, match="not loaded"):
+        read_shards(state["shards"], {"model": {"w": torch.zeros(4)}}, store)
+    assert not os.path.exists(PLANTED_FLAG), "the planted .metadata was unpickled"
 
 
 def test_a_sharded_checkpoint_without_its_marker_is_never_loaded_and_a_later_save_removes_it(tmp_path, s3):

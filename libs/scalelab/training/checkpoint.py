@@ -32,6 +32,7 @@ save and the end of training call it.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
@@ -50,14 +51,26 @@ from scalelab.runtime.io import json_digest
 from scalelab.runtime.paths import stage_code_digest
 from scalelab.storage import Store
 from scalelab.training import strategy
-from scalelab.training.checkpoint_files import JOB_FILE, LocalFiles, RemoteFiles, cause, files_at, zip_damage
+from scalelab.training.checkpoint_files import (  # noqa: F401 (read_checkpoint: re-exported)
+    EXTRA_FILE,
+    JOB_FILE,
+    METADATA_DIGEST,
+    STORE_KEY,
+    CheckpointError,
+    LocalFiles,
+    RemoteFiles,
+    cause,
+    files_at,
+    metadata_refusal,
+    read_checkpoint,
+    read_entry,
+    zip_damage,
+)
 from scalelab.training.loop import Loop
 from scalelab.training.plan import BEST_FILE  # beside the checkpoints: the best weights so far
 
 log = logging.getLogger(__name__)
 PATTERN = CHECKPOINT_NAME  # step-XXXXXXXX.pt (a file) or step-XXXXXXXX.dcp (a sharded folder)
-STORE_KEY = "shards_store"  # a loaded sharded checkpoint's store (never saved): read_shards reaches it with it
-EXTRA_FILE = "extra.pt"  # in a sharded checkpoint: everything but the shards (written by rank 0)
 # checkpoints of another fingerprint, moved aside by `Checkpointer.claim` (and a move under way)
 STALE_PATTERN = re.compile(r"^stale-([0-9a-zA-Z]+)(-\d+)?$")
 MOVING_PATTERN = re.compile(r"^\.stale-([0-9a-zA-Z]+)\.moving$")
@@ -155,6 +168,10 @@ def read_shards(path: str | Path, target: dict[str, Any], store: Store | None = 
 
     parent, name = str(path).rstrip("/").rsplit("/", 1)
     files = files_at(parent, store)
+    with files.guard(f"reading {name}"):
+        refusal = metadata_refusal(files, name)
+    if refusal:
+        raise CheckpointError(refusal)
     with files.guard(f"reading {name}"):
         dcp.load(target, **files.dcp(name, writing=False))
 
@@ -325,6 +342,8 @@ class Checkpointer:
 
         def commit() -> None:  # rank 0, once every rank's shards and the metadata are written
             if main:
+                digest = hashlib.sha256(files.read(f"{tmp}/.metadata")).hexdigest()  # checked before unpickling
+                files.write(f"{tmp}/{METADATA_DIGEST}", f"{digest}\n".encode())
                 files.write(f"{tmp}/{EXTRA_FILE}", extra)  # in a store, the commit: written last
                 if not files.remote:
                     os.replace(files.at(tmp), files.at(name))  # the commit: a folder with this name is complete
@@ -363,34 +382,3 @@ class Checkpointer:
             if state is not None and state.get("fingerprint") == self.fingerprint:
                 return state
         return None
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that is not damaged but cannot be loaded: the job stops with the cause."""
-
-
-def read_checkpoint(path: Path) -> dict[str, Any] | None:
-    """One checkpoint (a `step-*.pt` file or a sharded `step-*.dcp` folder) on the CPU, tensors and
-    plain values only; None, with a warning, when it is damaged (see `Checkpointer.load_latest`)."""
-    return read_entry(LocalFiles(Path(path).parent), Path(path).name)
-
-
-def read_entry(files: LocalFiles | RemoteFiles, name: str) -> dict[str, Any] | None:
-    """`read_checkpoint` of the checkpoint `name` in `files` (a local folder or one in a store)."""
-    path, sharded = files.at(name), files.is_dir(name)
-    file = f"{name}/{EXTRA_FILE}" if sharded else name
-    if not files.is_file(file):
-        log.warning("skipping damaged checkpoint %s: %s is missing (the save never completed)", path, EXTRA_FILE)
-        return None
-    source = files.source(file)
-    try:
-        state = torch.load(source, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        damage = zip_damage(source)
-        if damage is None:  # an intact file: the cause is systematic, and every older one has it too
-            raise CheckpointError(f"checkpoint {path} is intact but cannot be loaded: {cause(exc)}") from exc
-        log.warning("skipping damaged checkpoint %s: %s", path, damage)
-        return None
-    if not sharded:
-        return state
-    return {**state, "shards": str(path), **({STORE_KEY: files.store} if files.remote else {})}

@@ -20,8 +20,10 @@ Every failure to reach a remote store is a `StoreError`: one line naming the sto
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
+import logging
 import os
 import re
 import shutil
@@ -37,7 +39,10 @@ from scalelab.storage import CHECKPOINTS, Store, StoreError, configured, filesys
 from scalelab.storage.store import first_line
 
 JOB_FILE = "job.json"
-MARKER = "extra.pt"  # a sharded checkpoint's commit marker: rank 0 writes it after DCP's .metadata
+log = logging.getLogger(__name__)
+METADATA_DIGEST = "metadata.sha256"  # in a sharded checkpoint: DCP's .metadata digest, taken at save
+STORE_KEY = "shards_store"  # a loaded sharded checkpoint's store (never saved): read_shards reaches it with it
+EXTRA_FILE = MARKER = "extra.pt"  # a sharded checkpoint's commit marker: rank 0 writes it after DCP's .metadata
 
 
 def checkpoint_location(value: str, out_dir: str | Path, fingerprint: str, store: Store | None) -> str:
@@ -332,3 +337,52 @@ def zip_damage(file: Path | io.BytesIO) -> str | None:
     except (zipfile.BadZipFile, EOFError, zlib.error) as exc:
         return f"not a readable zip archive ({exc})"
     return None if bad is None else f"{bad} fails its CRC check"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is not damaged but cannot be loaded: the job stops with the cause."""
+
+
+def metadata_refusal(files: LocalFiles | RemoteFiles, name: str) -> str | None:
+    """Why a sharded checkpoint's `.metadata` must not be loaded, or None. DCP unpickles it: it is
+    loaded only when its sha256 is the one rank 0 recorded at save (`metadata.sha256`, written
+    before the commit marker); a missing digest or another one means a file changed since."""
+    recorded = f"{name}/{METADATA_DIGEST}"
+    if not files.is_file(recorded):
+        return (
+            f"checkpoint {files.at(name)} has no {METADATA_DIGEST}: its .metadata (a pickle) is not loaded "
+            "unchecked; it was saved by an older scalelab, or changed since"
+        )
+    found = hashlib.sha256(files.read(f"{name}/.metadata")).hexdigest()
+    if found != files.read(recorded).decode().strip():
+        return f"checkpoint {files.at(name)}: .metadata's sha256 {found} is not the one recorded at save: not loaded"
+    return None
+
+
+def read_checkpoint(path: Path) -> dict[str, Any] | None:
+    """One checkpoint (a `step-*.pt` file or a sharded `step-*.dcp` folder) on the CPU, tensors and
+    plain values only; None, with a warning, when it is damaged (see `Checkpointer.load_latest`)."""
+    return read_entry(LocalFiles(Path(path).parent), Path(path).name)
+
+
+def read_entry(files: LocalFiles | RemoteFiles, name: str) -> dict[str, Any] | None:
+    """`read_checkpoint` of the checkpoint `name` in `files` (a local folder or one in a store)."""
+    path, sharded = files.at(name), files.is_dir(name)
+    file = f"{name}/{EXTRA_FILE}" if sharded else name
+    if not files.is_file(file):
+        log.warning("skipping damaged checkpoint %s: %s is missing (the save never completed)", path, EXTRA_FILE)
+        return None
+    source = files.source(file)
+    try:
+        import torch
+
+        state = torch.load(source, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        damage = zip_damage(source)
+        if damage is None:  # an intact file: the cause is systematic, and every older one has it too
+            raise CheckpointError(f"checkpoint {path} is intact but cannot be loaded: {cause(exc)}") from exc
+        log.warning("skipping damaged checkpoint %s: %s", path, damage)
+        return None
+    if not sharded:
+        return state
+    return {**state, "shards": str(path), **({STORE_KEY: files.store} if files.remote else {})}
