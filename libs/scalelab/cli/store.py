@@ -86,6 +86,12 @@ def configure(repo: Path, store, local: bool) -> None:
     from dvc.config import Config
 
     config = Config(dvc_dir=str(repo / ".dvc"))
+    with config.edit("local") as conf:  # an earlier store's settings here would override or clash with the new one
+        old = conf.get("remote", {}).get(store.remote, {})
+        for key in ("url", "endpointurl", "access_key_id", "secret_access_key"):
+            old.pop(key, None)
+        if not old:
+            conf.get("remote", {}).pop(store.remote, None)
     with config.edit("local" if local else "repo") as conf:
         conf.setdefault("core", {})["remote"] = store.remote
         remote = {"url": store.url, **({"endpointurl": store.endpoint} if store.endpoint else {})}
