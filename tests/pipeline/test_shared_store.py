@@ -173,6 +173,18 @@ def test_fetch_brings_back_a_runs_data_and_weights_checked(lab, server, tmp_path
     assert unknown.returncode == 2 and len(unknown.stderr.strip().splitlines()) == 1, unknown.stderr
     assert "0" * 32 in unknown.stderr and not (tmp_path / "x").exists()
 
+    shared = tmp_path / "shared"  # the same objects in a shared folder, model.pt's changed by one byte
+    shutil.copytree(server.base_path / "data/scalelab/lab", shared)
+    md5 = hashlib.md5((a / "results/train/model.pt").read_bytes()).hexdigest()
+    tampered = shared / "files/md5" / md5[:2] / md5[2:]
+    tampered.write_bytes(tampered.read_bytes()[:-1] + bytes([tampered.read_bytes()[-1] ^ 1]))
+    set_store(c, str(shared))
+    bad = run_cli("fetch", run_id, "--out", str(tmp_path / "z"), cwd=c, env=env, check=False)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    [line] = bad.stderr.strip().splitlines()
+    assert "model.pt" in line and md5 in line and "not kept" in line, line
+    assert not (tmp_path / "z/model.pt").exists() and not list((tmp_path / "z").glob(".model.pt*"))
+
     set_store(c, "s3://scalelab/empty", server)  # a store that never got this run's objects
     empty = run_cli("fetch", run_id, "--out", str(tmp_path / "y"), cwd=c, env=env, check=False)
     assert empty.returncode == 2, empty.stdout + empty.stderr
