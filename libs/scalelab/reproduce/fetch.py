@@ -80,8 +80,9 @@ def planned(run_id: str, tags: dict[str, str], store: Store) -> list[tuple[str, 
         md5, sha256 = tags.get(f"outputs.{name}.md5"), tags.get(f"outputs.{name}.sha256")
         if not (md5 and sha256):
             raise FetchError(
-                f"run {run_id} records no hash of {name} (outputs.{name}.md5, from scalelab versions after the "
-                f"store landed): check out its commit {tags.get('git.commit', '?')[:12]} and run `dvc pull`"
+                f"run {run_id} records no hash of {name} (outputs.{name}.md5: runs since the store landed): "
+                f"check out the commit whose dvc.lock records its outputs (after its git.commit "
+                f"{tags.get('git.commit', '?')[:12]}) and run `dvc pull`"
             )
         files.append((name, md5, sha256))
     return files
