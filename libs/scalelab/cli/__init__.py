@@ -6,7 +6,7 @@
     scalelab evaluate  --params params.yaml --data data/prepared --train results/train --out results/eval/metrics.json
     scalelab speedup   --params params.yaml --out results/speedup
     scalelab verify-data --data data/prepared
-    scalelab summary | ui | sweep | reproduce | sample | send-metrics | bench
+    scalelab summary | ui | sweep | reproduce | fetch | sample | send-metrics | bench
 
 dvc.yaml owns the paths and passes them here. Every command module exposes
 `add_arguments(parser)` and `run(args) -> int`. Exit status, for every command: 0 ok, 1 a failed
@@ -41,6 +41,7 @@ COMMANDS: dict[str, tuple[str, str | None]] = {
     "reproduce": ("scalelab.cli.reproduce", "rerun a tracked run from its provenance and compare"),
     "sample": ("scalelab.cli.sample", "text sampled from a trained language model (gpt)"),
     "send-metrics": ("scalelab.cli.send_metrics", "store the metrics a job wrote to unsent-metrics-<run>.json"),
+    "fetch": ("scalelab.cli.fetch", "a run's prepared data and weights from the lab's store, checked by its hashes"),
     "store": ("scalelab.cli.store", "the lab's shared store: set, check, or serve one on this machine (rclone)"),
     "bench": ("scalelab.bench.suite", "benchmarks that write results/bench/*.json"),
     "train-worker": ("scalelab.cli.train_worker", None),

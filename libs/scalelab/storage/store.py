@@ -178,6 +178,12 @@ def write_remote(repo: str | os.PathLike, store: Store, local: bool = False) -> 
     from dvc.config import Config
 
     config = Config(dvc_dir=str(Path(repo) / ".dvc"))
+    with config.edit("local") as conf:  # an earlier store's settings here would override or clash with the new one
+        old = conf.get("remote", {}).get(store.remote, {})
+        for key in ("url", "endpointurl", "access_key_id", "secret_access_key"):
+            old.pop(key, None)
+        if not old:
+            conf.get("remote", {}).pop(store.remote, None)
     with config.edit("local" if local else "repo") as conf:
         conf.setdefault("core", {})["remote"] = store.remote
         remote = {"url": store.url, **({"endpointurl": store.endpoint} if store.endpoint else {})}

@@ -16,7 +16,7 @@ import torch
 
 from scalelab.config import Params
 from scalelab.runtime import dist
-from scalelab.runtime.io import atomic_write_bytes, atomic_write_json
+from scalelab.runtime.io import atomic_write_bytes, atomic_write_json, file_digests
 from scalelab.tracking import Tracker
 from scalelab.training import profiling, strategy
 from scalelab.training.best import Best
@@ -78,6 +78,16 @@ def weights_digest(state: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
+def output_hashes(out: Path) -> dict[str, str]:
+    """`outputs.<file>.md5` and `.sha256` of model.pt and best.pt: the md5 is DVC's name for the
+    file in the store, so `scalelab fetch RUN_ID` gets this run's weights back and checks them."""
+    tags = {}
+    for name in (MODEL_FILE, BEST_FILE):
+        md5, sha256 = file_digests(out / name, "md5", "sha256")
+        tags |= {f"outputs.{name}.md5": md5, f"outputs.{name}.sha256": sha256}
+    return tags
+
+
 def no_best_reason(metric: str, summary: dict[str, Any]) -> str:
     """Why a job that trained to its end has no best weights: no validation value was finite, or
     it stopped before its first validation."""
@@ -123,6 +133,7 @@ def write_outputs(
     tracker.log_metrics({RUN_MEANS.get(k, k): v for k, v in metrics.items()}, summary["step"])
     tracker.set_tags(
         {
+            **output_hashes(out),
             "weights.sha256": digests[0],
             "weights.ranks_in_sync": str(len(set(digests)) == 1).lower(),
             "scalelab.stop_reason": summary["stop_reason"],
