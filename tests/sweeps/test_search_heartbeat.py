@@ -56,3 +56,29 @@ def test_a_silent_trial_is_lost_and_replaced_a_beating_one_is_not(store_ready, p
         study.tell(number, 0.5)
     assert claim(found, worker=0) is None
     assert len(study.trials) == 3
+
+
+def test_every_rank_of_an_element_follows_rank_0s_decision_on_each_trial(store_ready, prepared_digits, monkeypatch):
+    """Ranks that each asked the study could disagree (rank 0 trains, rank 1 skips: a hang until the
+    collective timeout); rank 0 decides once per start of the element and the others follow."""
+    from scalelab.sweeps import search_worker
+
+    found = a_search(store_ready, prepared_digits, trials=2)
+    rank0, rank1 = search_worker.claims(found, 0, rank=0), search_worker.claims(found, 0, rank=1)
+    first = next(rank0)  # claimed and decided open by rank 0
+    study = load_study(manifest.info(found))
+    study.tell(first, state=optuna.trial.TrialState.FAIL)  # then ended (marked lost) before rank 1 asks
+    assert next(rank1) == first  # rank 1 runs what rank 0 runs
+
+    # a requeued element (another attempt) decides anew: the ended trial is skipped by every rank
+    again0 = search_worker.claims(found, 0, rank=0, attempt="1")
+    again1 = search_worker.claims(found, 0, rank=1, attempt="1")
+    second = next(again0)
+    assert second != first and next(again1) == second
+
+    # a rank whose rank 0 never writes fails at a deadline instead of waiting forever
+    monkeypatch.setattr(search_worker, "RANK0_WAIT_MIN_S", 0.5)
+    monkeypatch.setattr(found, "heartbeat_s", 0.1)
+    lonely = search_worker.claims(found, 1, rank=1)
+    with pytest.raises(RuntimeError, match="rank 0 did not write .*claim-000.json within 0 s: it died or hangs"):
+        next(lonely)

@@ -45,3 +45,23 @@ def raise_on_sigterm() -> None:
         raise Terminated(128 + signum)
 
     signal.signal(signal.SIGTERM, handler)
+
+
+REQUEUE_DEADLINE_S = 300.0  # how long a preempted task waits for SLURM to end it for the requeue
+
+
+class NotRequeued(RuntimeError):
+    """A preempted task was not ended by its requeue within the deadline."""
+
+
+def wait_for_requeue(deadline_s: float = REQUEUE_DEADLINE_S) -> None:
+    """A preempted SLURM task whose checkpoint is on disk waits for the requeue to end it: SLURM's
+    SIGTERM (sent to every task of a requeued job) ends the wait at once, with `Terminated`; no
+    SIGTERM within `deadline_s` raises NotRequeued (no stale result is returned either way)."""
+    import threading
+
+    requeued = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: requeued.set())
+    if requeued.wait(deadline_s):
+        raise Terminated(128 + signal.SIGTERM)
+    raise NotRequeued(f"preempted, but the job was not requeued within {deadline_s:.0f} s")

@@ -187,21 +187,40 @@ class Heartbeat:
         self._thread.join()
 
 
-def claims(search: Search, worker: int, rank: int, job_id: str = ""):
-    """The trial numbers this worker runs, in order. Rank 0 claims and writes claim-<k>.json; the
-    other ranks of a multi-task element read it. A requeued element reads the claims it made
-    before, so it resumes the trial it was running (unless that one was marked lost meanwhile)."""
+RANK0_WAIT_MIN_S = 60.0  # the least a rank waits for rank 0's claim and decision files
+
+
+def claims(search: Search, worker: int, rank: int, job_id: str = "", attempt: str = "0"):
+    """The trial numbers this worker runs, in order. Rank 0 claims (claim-<k>.json) and decides
+    whether the trial is still open (open-<k>-<attempt>.json: decided once per start of the
+    element, since a requeued element resumes its trial unless that one was marked lost
+    meanwhile); the other ranks of a multi-task element read both, so every rank runs the same
+    trials (ranks that asked the study each on its own could disagree, and the job would hang)."""
     folder = search.path("workers", f"{worker:03d}")
     for k in range(2 * search.trials + 1):
         path = folder / f"claim-{k:03d}.json"
         if rank == 0 and not path.exists():
             atomic_write_json(path, {"number": claim(search, worker, job_id)})
-        while not path.exists():
-            time.sleep(0.5)
-        number = json.loads(path.read_text())["number"]
+        number = written_by_rank0(path, search)["number"]
         if number is None:
             return
-        yield number
+        decided = folder / f"open-{k:03d}-{attempt}.json"
+        if rank == 0:
+            atomic_write_json(decided, {"open": is_open(search, number)})
+        if written_by_rank0(decided, search)["open"]:
+            yield number
+
+
+def written_by_rank0(path: Path, search: Search) -> dict[str, Any]:
+    """The JSON file rank 0 writes, once it is there; a rank that waits longer than a heartbeat
+    timeout (rank 0 died or hangs) fails the element rather than waiting forever."""
+    wait_s = max(RANK0_WAIT_MIN_S, 2 * search.heartbeat_s)
+    deadline = time.monotonic() + wait_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"rank 0 did not write {path} within {wait_s:.0f} s: it died or hangs")
+        time.sleep(0.2)
+    return json.loads(path.read_text())
 
 
 def is_open(search: Search, number: int) -> bool:
@@ -219,9 +238,7 @@ def work_local(search: Search, worker: int) -> int:
     from scalelab.training.plan import read_resolved
     from scalelab.training.submit import launch
 
-    for number in claims(search, worker, rank=0):
-        if not is_open(search, number):
-            continue
+    for number in claims(search, worker, rank=0, attempt=str(os.getpid())):
         out = search.trial_dir(number)
         params, _ = read_resolved(out / "resolved.json")
         error = ""
@@ -251,7 +268,7 @@ class SearchJob:
     def __call__(self) -> int:
         import submitit
 
-        from scalelab.runtime.signals import StopFlag
+        from scalelab.runtime.signals import StopFlag, wait_for_requeue
         from scalelab.training import evaluation, job
         from scalelab.training.plan import read_resolved
 
@@ -264,9 +281,8 @@ class SearchJob:
         search = Search.load(self.folder)
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         job_id = os.environ.get("SLURM_ARRAY_JOB_ID", "") + "_" + os.environ.get("SLURM_ARRAY_TASK_ID", "")
-        for number in claims(search, self.worker, rank, job_id):
-            if not is_open(search, number):
-                continue
+        attempt = os.environ.get("SLURM_RESTART_COUNT", "0")  # a requeued element decides anew
+        for number in claims(search, self.worker, rank, job_id, attempt):
             out = search.trial_dir(number)
             params, run_plan = read_resolved(out / "resolved.json")
             beat = Heartbeat(out, search.heartbeat_s / 4) if rank == 0 else None
@@ -293,8 +309,7 @@ class SearchJob:
                 if rank == 0 and callable(requeue):
                     (out / "heartbeat").touch()
                     requeue(signal.SIGUSR2, None)  # the checkpoint is on disk: requeue (and exit)
-                time.sleep(300)
-                raise RuntimeError("preempted, but the job was not requeued within 300 s")
+                wait_for_requeue()  # every rank: the requeue's SIGTERM ends the task
             if rank == 0:
                 state = tell(search, number)
                 if state == "finished" and params.sweep.evaluate:

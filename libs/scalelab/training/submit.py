@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ from scalelab.runtime import lifeline
 from scalelab.runtime.io import atomic_write_json
 from scalelab.runtime.lock import FolderLock
 from scalelab.runtime.paths import repo_root
-from scalelab.runtime.signals import StopFlag, raise_on_sigterm
+from scalelab.runtime.signals import StopFlag, raise_on_sigterm, wait_for_requeue
 from scalelab.storage import StoreError, configured, is_url
 from scalelab.tracking import tracking_uri
 from scalelab.tracking.secrets import mask_uri
@@ -246,8 +245,7 @@ class TrainJob:
         if summary["preempted"]:
             if rank == 0 and callable(requeue):
                 requeue(signal.SIGUSR2, None)  # the checkpoint is on disk: requeue (and exit)
-            time.sleep(300)  # other ranks wait for the requeue to end them; no stale result
-            raise RuntimeError("preempted, but the job was not requeued within 300 s")
+            wait_for_requeue()  # every rank: the requeue's SIGTERM ends the task; no stale result
         if self.evaluate and rank == 0:
             summary["eval"] = evaluation.run(params, self.data_dir, self.out_dir, Path(self.out_dir) / "eval.json")
         return summary
