@@ -10,8 +10,6 @@ import pytest
 pytestmark = pytest.mark.integration  # a Python process importing torch
 WAIT = """
 import sys
-
-import pytest
 from scalelab.runtime.signals import NotRequeued, wait_for_requeue
 print("waiting", flush=True)
 try:
