@@ -139,3 +139,18 @@ def test_stage_deps_cover_every_module_its_command_imports(stage):
 @pytest.mark.parametrize("stage", sorted(STAGES))
 def test_no_stage_lists_a_single_python_file(stage):
     assert not [d for d in STAGES[stage]["deps"] if d.endswith(".py")]
+
+
+def test_only_tracking_talks_to_mlflow():
+    """A second tracking backend replaces tracking/ and nothing else (issue 28): no module outside it
+    imports mlflow, lazily or not."""
+    outside = []
+    for path in modules():
+        if package_of(path) == "tracking":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            outside += [f"{path.relative_to(PACKAGE)}: {n}" for n in names if n.split(".")[0] == "mlflow"]
+    assert not outside, outside

@@ -69,9 +69,9 @@ def store_env(store_dir: Path, tracking: bool = True) -> dict[str, str]:
     schema is made now, so that no timed run pays for creating it."""
     uri = f"sqlite:///{store_dir / 'mlflow.db'}"
     if tracking:
-        from mlflow import MlflowClient
+        from scalelab.tracking import runs
 
-        MlflowClient(uri).search_experiments()
+        runs.client(uri).search_experiments()
     return {**os.environ, "MLFLOW_TRACKING_URI": uri}
 
 

@@ -136,9 +136,9 @@ def fit(sizes: list[float], costs: list[float]) -> dict[str, Any]:
 
 
 def tracking_costs(metrics: list[int], steps: int, repeats: int, work: Path) -> dict[str, list[float]]:
-    from mlflow import MlflowClient
+    from scalelab.tracking import runs
 
-    client = MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
+    client = runs.client(f"sqlite:///{work / 'mlflow.db'}")
     exp = tracking.experiment_id(client, "bench-scaling")
     in_thread, store = [], []
     run_id = client.create_run(exp, run_name="scaling").info.run_id

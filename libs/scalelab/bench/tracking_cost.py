@@ -178,9 +178,9 @@ def _bench(loop: Loop, batch: int, features: int) -> Bench:
 
 def measure(args: argparse.Namespace, store: Path) -> dict[str, Any]:
     """Runs the interleaved repeats; returns per-arm, per-repeat step times (s) and call times."""
-    from mlflow import MlflowClient
+    from scalelab.tracking import runs
 
-    client = MlflowClient(f"sqlite:///{store / 'mlflow.db'}")
+    client = runs.client(f"sqlite:///{store / 'mlflow.db'}")
     exp = tracking.experiment_id(client, "bench-tracking")
     bench = build_bench(args)
     bench.run(tracking.NullTracker(), args.warmup_steps, 10**9)

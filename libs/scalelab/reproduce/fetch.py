@@ -52,10 +52,10 @@ def fetch(run_id: str, repo: Path, out: Path) -> list[Path]:
 
 
 def run_tags(run_id: str) -> dict[str, str]:
-    from mlflow import MlflowClient
+    from scalelab.tracking import runs
 
     try:
-        return MlflowClient(tracking_uri()).get_run(run_id).data.tags
+        return runs.tags(run_id)
     except Exception as exc:
         uri = mask_uri(tracking_uri())
         raise FetchError(f"run {run_id!r} is not in the tracking store {uri}: {mask_uri(first_line(exc))}") from None

@@ -216,9 +216,9 @@ def rerun(worktree: Path, data_dir: Path, out: Path, evaluate: bool) -> str:
 
 def reproduce(run_id: str, *, data: str | None, keep: bool, rtol: float, atol: float, yes: bool = False) -> list[Check]:
     """Verifies, reruns and compares; returns the checks (data mismatches stop before training)."""
-    from mlflow import MlflowClient
+    from scalelab.tracking import runs
 
-    client = MlflowClient(tracking_uri())
+    client = runs.client()
     try:
         old = client.get_run(run_id)
     except Exception as exc:

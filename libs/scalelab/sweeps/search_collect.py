@@ -13,7 +13,7 @@ from scalelab.runtime.lock import FolderLock
 from scalelab.sweeps.manifest import Search, info
 from scalelab.sweeps.search_worker import fail_stale, lose
 from scalelab.sweeps.sweep_table import BY_SETTING_FILE, best_line, by_setting, write_by_setting
-from scalelab.tracking import MlflowTracker, tracking_uri
+from scalelab.tracking import MlflowTracker
 from scalelab.training.pruning import load_study
 
 
@@ -110,9 +110,10 @@ def _lose_dead_elements(search: Search, study: Any) -> None:
 def _finish_parent(search: Search, study: Any, frame: Any) -> None:
     """Best trial, importance table and objective plot into the parent run; ends it FINISHED."""
     import optuna
-    from mlflow import MlflowClient
 
-    if MlflowClient(tracking_uri()).get_run(search.parent_run_id).info.status == "FINISHED":
+    from scalelab.tracking import runs
+
+    if runs.status(search.parent_run_id) == "FINISHED":
         return  # an earlier collect finished it
     parent = MlflowTracker.attach(search.parent_run_id)
     counts = frame.state.value_counts().to_dict()

@@ -25,7 +25,7 @@ from scalelab.config import ConfigError, parse_params
 from scalelab.runtime.io import atomic_write_json
 from scalelab.runtime.lock import FolderLock
 from scalelab.sweeps.manifest import Search, info
-from scalelab.tracking import MlflowTracker, tracking_uri
+from scalelab.tracking import MlflowTracker
 from scalelab.training.pruning import TRIAL_FILE, load_study
 from scalelab.training.submit import plan_job, resolve
 
@@ -128,12 +128,10 @@ def lose(search: Search, study: Any, trial: Any, why: str) -> None:
     log.warning("search %s: trial %d marked failed: %s", search.name, trial.number, why)
     run_id = trial.user_attrs.get("run_id")
     if run_id:
-        from mlflow import MlflowClient
+        from scalelab.tracking import runs
 
-        client = MlflowClient(tracking_uri())
-        client.set_tag(run_id, "scalelab.trial_state", "lost")
-        if client.get_run(run_id).info.status in ("SCHEDULED", "RUNNING"):
-            client.set_terminated(run_id, status="FAILED")
+        runs.set_tag(run_id, "scalelab.trial_state", "lost")
+        runs.end_if_open(run_id, "FAILED")
 
 
 def tell(search: Search, number: int, error: str = "") -> str:

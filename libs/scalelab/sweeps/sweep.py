@@ -235,7 +235,8 @@ def collect(args: argparse.Namespace) -> int:
     with their error), and summary_by_setting.csv when train.seed is swept; prints both and the
     best element by the params' train.best_metric (`best_<metric>`, its best validation value)."""
     import pandas as pd
-    from mlflow import MlflowClient
+
+    from scalelab.tracking import runs
 
     found = _search(args.name)
     if found is not None:
@@ -245,7 +246,7 @@ def collect(args: argparse.Namespace) -> int:
         return 0
     manifest = _manifest(args.name)
     metric, mode = manifest.get("metric", "val_loss"), manifest.get("mode", "min")  # older manifests: the default
-    client = MlflowClient(tracking_uri())
+    client = runs.client()
     frame = pd.DataFrame([_row(client, e, metric) for e in manifest["elements"]])
     out = sweeps_root() / args.name / "summary.csv"
     frame.to_csv(out, index=False)

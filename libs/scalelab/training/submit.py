@@ -173,13 +173,10 @@ def close_run(params: Params, out_dir: str | Path, status: str) -> str | None:
         return None
     if not params.tracking.enabled or not run_id:
         return None
-    from mlflow import MlflowClient
+    from scalelab.tracking import runs
 
-    client = MlflowClient(tracking_uri())
     try:
-        if client.get_run(run_id).info.status == "RUNNING":
-            client.set_terminated(run_id, status=status)
-        return client.get_run(run_id).info.status
+        return runs.end_if_open(run_id, status)
     except Exception as exc:  # the store is down: say so, and let the job's own error through
         log.error("could not set run %s to %s in %s: %s", run_id, status, mask_uri(tracking_uri()), mask_uri(str(exc)))
     return None
