@@ -64,12 +64,31 @@ def test_sharded_checkpoints_commit_with_extra_pt_last_and_load(where, asynchron
         ".metadata",
         "__0_0.distcp",
         "metadata.sha256",
+        "sizes.json",
         "extra.pt",
     }
     state = Checkpointer(location, "abc", store=store).load_latest()
     target = {"model": {"w": torch.zeros(4)}}
     read_shards(state["shards"], target, store)
     assert state["step"] == 30 and bool((target["model"]["w"] == 30).all())
+
+
+def test_a_truncated_shard_is_skipped_and_the_rerun_saves_that_step_again(where):
+    """Issue 28 fault 2: a damaged .distcp passed load_latest (which read only extra.pt) and failed in
+    restore on every try, and a rerun could not save the same step over the damaged folder."""
+    location, store, disk = where
+    ckpt = Checkpointer(location, "abc", keep=3, store=store)
+    for step in (10, 20):
+        ckpt.save(step, {"epoch": 0}, {"model": {"w": torch.full((64,), float(step))}})
+    shard = "step-00000020.dcp/__0_0.distcp"
+    ckpt.files.write(shard, ckpt.files.read(shard)[:-16])  # truncated (through the store's own API)
+    state = Checkpointer(location, "abc", store=store).load_latest()
+    assert state["step"] == 10  # the damaged newest one is skipped, not loaded to fail in restore
+    ckpt.save(20, {"epoch": 0}, {"model": {"w": torch.full((64,), 20.0)}})  # the rerun saves step 20 again
+    state = Checkpointer(location, "abc", store=store).load_latest()
+    target = {"model": {"w": torch.zeros(64)}}
+    read_shards(state["shards"], target, store)
+    assert state["step"] == 20 and bool((target["model"]["w"] == 20).all())
 
 
 class Planted:

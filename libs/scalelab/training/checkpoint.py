@@ -55,6 +55,7 @@ from scalelab.training.checkpoint_files import (  # noqa: F401 (read_checkpoint:
     EXTRA_FILE,
     JOB_FILE,
     METADATA_DIGEST,
+    SIZES_FILE,
     STORE_KEY,
     CheckpointError,
     LocalFiles,
@@ -342,10 +343,13 @@ class Checkpointer:
 
         def commit() -> None:  # rank 0, once every rank's shards and the metadata are written
             if main:
+                files.write(f"{tmp}/{SIZES_FILE}", json.dumps(files.sizes(tmp)).encode())  # checked at load
                 digest = hashlib.sha256(files.read(f"{tmp}/.metadata")).hexdigest()  # checked before unpickling
                 files.write(f"{tmp}/{METADATA_DIGEST}", f"{digest}\n".encode())
                 files.write(f"{tmp}/{EXTRA_FILE}", extra)  # in a store, the commit: written last
                 if not files.remote:
+                    if files.exists(name):  # a damaged one of this step, skipped at load: replaced
+                        files.remove(name)
                     os.replace(files.at(tmp), files.at(name))  # the commit: a folder with this name is complete
                 self._prune()
 

@@ -20,15 +20,12 @@ Every failure to reach a remote store is a `StoreError`: one line naming the sto
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import logging
 import os
 import re
 import shutil
-import zipfile
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,10 +34,16 @@ from scalelab.runtime.io import atomic_write_bytes
 from scalelab.runtime.paths import repo_root
 from scalelab.storage import CHECKPOINTS, Store, StoreError, configured, filesystem, is_url
 from scalelab.storage.store import first_line
+from scalelab.training.checkpoint_checks import (  # noqa: F401 (re-exported)
+    METADATA_DIGEST,
+    SIZES_FILE,
+    metadata_refusal,
+    size_damage,
+    zip_damage,
+)
 
 JOB_FILE = "job.json"
 log = logging.getLogger(__name__)
-METADATA_DIGEST = "metadata.sha256"  # in a sharded checkpoint: DCP's .metadata digest, taken at save
 STORE_KEY = "shards_store"  # a loaded sharded checkpoint's store (never saved): read_shards reaches it with it
 EXTRA_FILE = MARKER = "extra.pt"  # a sharded checkpoint's commit marker: rank 0 writes it after DCP's .metadata
 
@@ -123,6 +126,10 @@ class LocalFiles:
     def remove(self, name: str) -> None:
         path = self.folder / name
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+
+    def sizes(self, name: str) -> dict[str, int]:
+        """{file name: bytes} of the files in the folder `name`."""
+        return {p.name: p.stat().st_size for p in (self.folder / name).iterdir() if p.is_file()}
 
     def age(self, name: str) -> int:
         return (self.folder / name).stat().st_mtime_ns
@@ -229,6 +236,13 @@ class RemoteFiles:
         with self.guard(f"reading {name}"):
             return self.fs.cat_file(self._key(name))
 
+    def sizes(self, name: str) -> dict[str, int]:
+        """{file name: bytes} of the objects in the folder `name`."""
+        with self.guard(f"listing {name}"):
+            self.fs.invalidate_cache()
+            found = self.fs.ls(self._key(name), detail=True, refresh=True)
+        return {str(e["name"]).rsplit("/", 1)[-1]: int(e["size"]) for e in found if e.get("type") == "file"}
+
     def write(self, name: str, data: bytes) -> None:
         """One PUT (or one multipart upload, completed last): the object exists whole or not at all."""
         with self.guard(f"writing {name}"):
@@ -328,35 +342,8 @@ def cause(exc: BaseException) -> str:
     return next((line for line in lines if "Unsupported global" in line), lines[0])
 
 
-def zip_damage(file: Path | io.BytesIO) -> str | None:
-    """What is wrong with the zip archive `torch.save` wrote, or None when every member reads back
-    with its CRC (the archive is intact)."""
-    try:
-        with zipfile.ZipFile(file) as archive:
-            bad = archive.testzip()
-    except (zipfile.BadZipFile, EOFError, zlib.error) as exc:
-        return f"not a readable zip archive ({exc})"
-    return None if bad is None else f"{bad} fails its CRC check"
-
-
 class CheckpointError(RuntimeError):
     """A checkpoint that is not damaged but cannot be loaded: the job stops with the cause."""
-
-
-def metadata_refusal(files: LocalFiles | RemoteFiles, name: str) -> str | None:
-    """Why a sharded checkpoint's `.metadata` must not be loaded, or None. DCP unpickles it: it is
-    loaded only when its sha256 is the one rank 0 recorded at save (`metadata.sha256`, written
-    before the commit marker); a missing digest or another one means a file changed since."""
-    recorded = f"{name}/{METADATA_DIGEST}"
-    if not files.is_file(recorded):
-        return (
-            f"checkpoint {files.at(name)} has no {METADATA_DIGEST}: its .metadata (a pickle) is not loaded "
-            "unchecked; it was saved by an older scalelab, or changed since"
-        )
-    found = hashlib.sha256(files.read(f"{name}/.metadata")).hexdigest()
-    if found != files.read(recorded).decode().strip():
-        return f"checkpoint {files.at(name)}: .metadata's sha256 {found} is not the one recorded at save: not loaded"
-    return None
 
 
 def read_checkpoint(path: Path) -> dict[str, Any] | None:
@@ -385,4 +372,7 @@ def read_entry(files: LocalFiles | RemoteFiles, name: str) -> dict[str, Any] | N
         return None
     if not sharded:
         return state
+    if damage := size_damage(files, name):  # a truncated shard: DCP would fail on every try
+        log.warning("skipping damaged checkpoint %s: %s", path, damage)
+        return None
     return {**state, "shards": str(path), **({STORE_KEY: files.store} if files.remote else {})}
