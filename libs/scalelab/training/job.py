@@ -195,6 +195,7 @@ def _train(
         clip_norm=train.grad_clip_norm,
         activation_checkpointing=train.activation_checkpointing,
         init_state=init_state,
+        num_devices=train.nproc_per_node,
     )
     best = Best(train.best_metric, train.best_mode, train.early_stop_patience)
     parts = {"best": best}  # the job's stateful parts beyond the loop's (Loop.stateful)
