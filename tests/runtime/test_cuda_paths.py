@@ -244,3 +244,26 @@ def test_a_local_rank_destroys_its_process_group(monkeypatch):
     monkeypatch.setattr(submit.dist, "shutdown", lambda: ended.append(True))
     assert submit.run_worker("resolved.json", "data", "out") == {"done": True}
     assert ended == [True]
+
+
+def test_fsdp_shards_before_anything_goes_to_the_gpu(monkeypatch):
+    """The whole model on the GPU before sharding would put an unsharded copy in fsdp's peak."""
+    import torch.distributed.device_mesh as device_mesh
+    import torch.distributed.fsdp as fsdp
+
+    events = []
+    monkeypatch.setattr(device_mesh, "init_device_mesh", lambda *a, **k: "mesh")
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda *a: 2)
+    monkeypatch.setattr(fsdp, "fully_shard", lambda m, **kw: events.append("shard") or m)
+    model = nn.Sequential(nn.Linear(2, 2))
+    monkeypatch.setattr(model, "to", lambda *a, **k: events.append("whole model to the GPU") or model)
+    strategy.get("fsdp").wrap(model, torch.device("cuda", 0), lambda m: list(m))
+    assert events == ["shard", "shard"]  # fully_shard moves each unit to the mesh's device itself
+
+
+def test_a_cuda_run_records_whether_tf32_is_on(monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    tags = device_mod.tf32_tags("cuda")
+    assert tags == {"scalelab.tf32.cudnn": "true", "scalelab.tf32.matmul": "false"}
+    assert device_mod.tf32_tags("cpu") == {}

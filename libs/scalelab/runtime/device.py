@@ -56,6 +56,15 @@ def determinism(deterministic: bool, kind: str) -> None:
     torch.use_deterministic_algorithms(deterministic, warn_only=kind != "cuda")
 
 
+def tf32_tags(kind: str) -> dict[str, str]:
+    """Whether TF32 is on, as run tags (`scalelab.tf32.cudnn`, `scalelab.tf32.matmul`), on CUDA:
+    cuDNN's default is on, matmul's off; a deterministic run turns both off (`determinism`)."""
+    if kind != "cuda":
+        return {}
+    on = {"cudnn": torch.backends.cudnn.allow_tf32, "matmul": torch.backends.cuda.matmul.allow_tf32}
+    return {f"scalelab.tf32.{k}": str(bool(v)).lower() for k, v in on.items()}
+
+
 def setup_process(
     env: dist.DistEnv, *, device: str, threads: int, deterministic: bool = False, timeout_s: float = 300.0
 ) -> torch.device:

@@ -23,7 +23,7 @@ from tqdm import tqdm
 from scalelab.config import Params
 from scalelab.data.store import open_split, verify
 from scalelab.runtime import dist, seeds
-from scalelab.runtime.device import setup_process
+from scalelab.runtime.device import setup_process, tf32_tags
 from scalelab.runtime.signals import StopFlag
 from scalelab.runtime.timings import mark
 from scalelab.tracking import MlflowTracker, NullTracker, Tracker, UnsentMetrics, provenance, sysmetrics
@@ -75,6 +75,7 @@ def open_tracker(
                 "scalelab.strategy": params.train.strategy,
                 "scalelab.workload": params.train.workload,
                 "scalelab.device": device.type,
+                **tf32_tags(device.type),
                 **provenance.dvc_info(),
             }
             tracker = MlflowTracker.open(

@@ -53,7 +53,7 @@ class Strategy(strategies.Strategy):
         on_meta = any(p.is_meta for p in model.parameters())
         if on_meta and not self.sharded:
             raise ValueError(f"a model on the meta device needs strategy fsdp, not {self.name!r}")
-        if not on_meta:
+        if not on_meta and not self.sharded:  # fully_shard moves each unit itself, never the whole model
             model = model.to(device)
         if activation_checkpointing:
             from torch.distributed._composable import checkpoint
