@@ -15,11 +15,13 @@ import torch
 from torch import nn
 
 from helpers import tiny_params
-from scalelab.config import ConfigError, parse_params
+from scalelab.config import ConfigError, SpeedupConfig, build, parse_params
 from scalelab.launch import slurm
+from scalelab.launch.shape import Capacity, JobShape, check_shape
 from scalelab.reproduce import compare
 from scalelab.runtime import device as device_mod
 from scalelab.runtime import dist, seeds
+from scalelab.study.plan import plan
 from scalelab.sweeps import search as search_mod
 from scalelab.sweeps.manifest import Search
 from scalelab.training import strategy, submit
@@ -267,3 +269,29 @@ def test_a_cuda_run_records_whether_tf32_is_on(monkeypatch):
     tags = device_mod.tf32_tags("cuda")
     assert tags == {"scalelab.tf32.cudnn": "true", "scalelab.tf32.matmul": "false"}
     assert device_mod.tf32_tags("cpu") == {}
+
+
+def _study(**speedup) -> SpeedupConfig:
+    return build(SpeedupConfig, {**tiny_params()["speedup"], "device": "cuda", **speedup}, "speedup")
+
+
+def test_the_study_on_one_gpu_shows_dp_as_skipped_rather_than_dropping_it():
+    cells = plan(
+        _study(strategies=["single", "dp"], world_sizes="auto"),
+        Capacity(nodes=1, cpus_per_node=16, gpus_per_node=1, where="this machine"),
+    )
+    dp = [c for c in cells if c.strategy == "dp"]
+    assert [c.name for c in dp] == ["dp-w2"] and "nn.DataParallel needs >= 2 CUDA devices" in dp[0].reason
+
+
+def test_the_study_skips_dp_with_activation_checkpointing_and_dp_on_a_gpu_nodes_cpu():
+    cfg = _study(strategies=["dp"], world_sizes=[2], activation_checkpointing=[False, True])
+    cells = {
+        c.name: c.reason for c in plan(cfg, Capacity(nodes=1, cpus_per_node=16, gpus_per_node=2, where="this machine"))
+    }
+    assert cells["dp-w2"] == "" and "replica threads would share" in cells["dp-w2-ac"]
+    on_cpu = check_shape(
+        JobShape(strategy="dp", device="cpu", procs_per_node=2),
+        Capacity(nodes=1, cpus_per_node=16, gpus_per_node=8, where="a node"),
+    )
+    assert on_cpu and "runs on CUDA devices only" in on_cpu.message("train")
