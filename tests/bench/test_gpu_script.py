@@ -89,3 +89,35 @@ def test_without_cuda_it_refuses_to_start(tmp_path):
     assert got.returncode == 2, got.stdout
     assert "no CUDA device visible" in got.stderr and "--dry-run" in got.stderr
     assert not (tmp_path / "bench").exists()
+
+
+FAKE_PYTHON = """#!/usr/bin/env bash
+# stands in for the node's python: 2 GPUs, and every part ends at once (FAIL_PART's with exit 3)
+case "$*" in
+    *torch.__version__*) echo "torch 0.0-fake" ;;
+    *device_count*) echo 2 ;;
+    *yaml.safe_load*) touch "$4" ;;
+    *"/${FAIL_PART:-none}"*) exit 3 ;;
+    *) echo "ran $*" >> "$LOG" ;;
+esac
+"""
+
+
+def test_each_part_records_how_it_ended_as_it_ends_and_a_failed_part_does_not_stop_the_rest(tmp_path):
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    out, log = tmp_path / "bench", tmp_path / "ran.log"
+    got = gpu_sh("--out", str(out), "--no-tracking", PYTHON=str(fake), FAIL_PART="precision", LOG=str(log))
+    assert got.returncode == 0, got.stderr
+    parts = [line.split("\t")[:2] for line in (out / "gpu/parts.tsv").read_text().splitlines()]
+    assert parts == [
+        ["table", "ran"],
+        ["precision", "failed (exit 3)"],
+        ["fsdp", "ran"],
+        ["parity", "ran"],
+        ["mfu", "ran"],
+    ]
+    assert (out / "gpu/torch.txt").read_text() == "torch 0.0-fake\n"
+    ran = log.read_text()
+    assert "speedup --params" in ran and "bench parity" in ran and "bench mfu" in ran
