@@ -295,3 +295,10 @@ def test_the_study_skips_dp_with_activation_checkpointing_and_dp_on_a_gpu_nodes_
         Capacity(nodes=1, cpus_per_node=16, gpus_per_node=8, where="a node"),
     )
     assert on_cpu and "runs on CUDA devices only" in on_cpu.message("train")
+
+
+def test_ranks_that_would_share_a_gpu_fail_with_why(fake_cuda):
+    fake_cuda(2)
+    env = dist.DistEnv(rank=1, local_rank=1, world_size=4, local_world_size=4)
+    with pytest.raises(RuntimeError, match="local rank 1 of 4 sees 2 GPUs"):
+        device_mod.cuda_index(env)

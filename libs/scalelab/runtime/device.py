@@ -34,11 +34,13 @@ def cuda_index(env: dist.DistEnv) -> int:
     all visible (torchrun), 0 where a site binds one GPU per task.
 
     Raises:
-        RuntimeError: fewer GPUs are visible than local ranks share them, and more than one.
+        RuntimeError: more than one GPU is visible, but fewer than the node's local ranks.
     """
     count = torch.cuda.device_count()
-    if count == 1 or env.local_rank < count:
-        return 0 if count == 1 else env.local_rank
+    if count == 1:
+        return 0
+    if env.local_world_size <= count and env.local_rank < count:
+        return env.local_rank
     raise RuntimeError(
         f"local rank {env.local_rank} of {env.local_world_size} sees {count} GPUs: give each task "
         "one GPU (CUDA_VISIBLE_DEVICES) or all of the node's"
