@@ -209,6 +209,17 @@ class TrainConfig:
                 f"{prefix}.nproc_per_node = {self.nproc_per_node} is not allowed "
                 f"with {prefix}.strategy = '{self.strategy}': set it to 1"
             )
+        if strategy.cuda_only and self.device == "cpu":
+            raise ConfigError(
+                f"{prefix}.device = 'cpu' is not allowed with {prefix}.strategy = '{self.strategy}': "
+                f"{strategy.wrapper} runs on CUDA devices only; use 'auto' or 'cuda', or strategy 'single' or 'ddp'"
+            )
+        if self.activation_checkpointing and not strategy.activation_checkpointing:
+            raise ConfigError(
+                f"{prefix}.activation_checkpointing = true is not allowed with {prefix}.strategy = "
+                f"'{self.strategy}': its replica threads would share the checkpoint wrapper's state; use false, "
+                "or strategy 'ddp' or 'fsdp'"
+            )
         odd = any(c in self.resume_from for c in GLOB_CHARACTERS + "\n")
         if odd or CHECKPOINT_NAME.match(Path(self.resume_from).name):
             raise ConfigError(

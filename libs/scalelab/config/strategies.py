@@ -22,18 +22,33 @@ class Strategy:
     distributed: bool = False  # one process per device (torchrun or SLURM tasks), and may span nodes
     sharded: bool = False  # parameters, gradients and optimizer state live as shards; built on meta
     min_cuda_devices: int = 0  # CUDA devices per node it needs, on any device setting
+    cuda_only: bool = False  # runs on CUDA devices only: device 'cpu' is refused before anything starts
+    activation_checkpointing: bool = True  # may recompute activations (dp's replica threads would share its state)
 
     def processes(self, num_devices: int) -> int:
         """Processes that drive `num_devices` devices (of one node, or of all nodes together): one
         per device when distributed, else one (the world size for all nodes)."""
         return num_devices if self.distributed else 1
 
+    def gpus_per_process(self, num_devices: int) -> int:
+        """CUDA devices each process drives when `num_devices` are asked for per node: all of them
+        for a one-process parallel strategy (dp), else one."""
+        return num_devices // self.processes(num_devices)
+
 
 STRATEGIES: dict[str, Strategy] = {
     s.name: s
     for s in (
         Strategy(name="single", label="single process", wrapper="the plain model", parallel=False),
-        Strategy(name="dp", label="DataParallel", wrapper="nn.DataParallel", parallel=True, min_cuda_devices=2),
+        Strategy(
+            name="dp",
+            label="DataParallel",
+            wrapper="nn.DataParallel",
+            parallel=True,
+            min_cuda_devices=2,
+            cuda_only=True,
+            activation_checkpointing=False,
+        ),
         Strategy(name="ddp", label="DDP", wrapper="DistributedDataParallel", parallel=True, distributed=True),
         Strategy(
             name="fsdp",

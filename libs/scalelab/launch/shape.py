@@ -77,6 +77,9 @@ def check_shape(shape: JobShape, cap: Capacity) -> Misfit | None:
     if gpus < strategy.min_cuda_devices:
         reason = f"{strategy.wrapper} needs >= {strategy.min_cuda_devices} CUDA devices; {where} has {gpus}"
         return Misfit("strategy", strategy.name, reason, "use 'single' or 'ddp'")
+    if strategy.cuda_only and device == "cpu":
+        reason = f"{strategy.wrapper} runs on CUDA devices only"
+        return Misfit("device", "cpu", reason, "use 'auto' or 'cuda', or strategy 'single' or 'ddp'")
     if strategy.parallel and device == "cuda" and shape.procs_per_node > gpus:
         return Misfit(
             "nproc_per_node",

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from scalelab.config import FROZEN, ConfigError, Params, build, knob, read_yaml
+from scalelab.config import FROZEN, ConfigError, Params, build, knob, read_yaml, strategies
 from scalelab.launch.local import LaunchError
 from scalelab.launch.shape import Capacity, check_shape, train_shape
 from scalelab.runtime.paths import repo_root
@@ -158,16 +158,20 @@ def executor(
 
 
 def train_executor(params: Params, profile: Profile, name: str) -> Any:
-    """One task per device: num_nodes x nproc_per_node tasks."""
+    """The strategy's tasks per node (one per device for ddp and fsdp, one for dp) on
+    `nproc_per_node` GPUs per node; on a GPU profile each task gets its share of the node's CPUs
+    (loader workers, NCCL's threads and dp's replica threads need more than one)."""
     t = params.train
     gpus = t.nproc_per_node if profile.gpus_per_node and t.device != "cpu" else 0
+    tasks = strategies.get(t.strategy).processes(t.nproc_per_node)
+    cpus = max(t.threads_per_process, profile.cpus_per_node * gpus // (profile.gpus_per_node * tasks)) if gpus else 0
     return executor(
         params,
         profile,
         name,
         nodes=t.num_nodes,
-        tasks_per_node=t.nproc_per_node,
-        cpus_per_task=t.threads_per_process,
+        tasks_per_node=tasks,
+        cpus_per_task=cpus or t.threads_per_process,
         gpus_per_node=gpus,
     )
 

@@ -90,6 +90,12 @@ def compare_params(old: Any, new: Any) -> list[Check]:
     return checks
 
 
+def on_gpu(old: Any, new: Any) -> bool:
+    """Either run trained on CUDA: its kernels are not bitwise reproducible across runs or against a
+    CPU run, so metrics are compared within tolerance and weights are not compared."""
+    return "cuda" in (old.data.tags.get("scalelab.device"), new.data.tags.get("scalelab.device"))
+
+
 def compare_weights(old: Any, new: Any, on_gpu: bool) -> Check:
     a, b = old.data.tags.get("weights.sha256"), new.data.tags.get("weights.sha256")
     if a is None:

@@ -49,7 +49,7 @@ from typing import Any
 
 import yaml
 
-from scalelab.reproduce.compare import Check, compare_metrics, compare_params, compare_weights, short, table
+from scalelab.reproduce.compare import Check, compare_metrics, compare_params, compare_weights, on_gpu, short, table
 from scalelab.reproduce.guard import (
     CannotReproduce,
     FileChange,
@@ -285,10 +285,10 @@ def reproduce(run_id: str, *, data: str | None, keep: bool, rtol: float, atol: f
         client.set_tag(new_id, "scalelab.kind", "reproduce")
         client.set_tag(new_id, "scalelab.reproduces", run_id)
         new = client.get_run(new_id)
-        on_gpu = old.data.tags.get("scalelab.device") == "cuda"
-        rtol, atol = (rtol, atol) if on_gpu else (0.0, 0.0)
+        cuda = on_gpu(old, new)
+        rtol, atol = (rtol, atol) if cuda else (0.0, 0.0)
         checks += compare_params(old, new) + compare_metrics(client, old, new, rtol, atol)
-        checks.append(compare_weights(old, new, on_gpu))
+        checks.append(compare_weights(old, new, cuda))
         checks.append(Check("new run", run_id, new_id, "skipped: for reference"))
     finally:
         if keep:

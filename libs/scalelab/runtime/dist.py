@@ -43,12 +43,19 @@ def read_env() -> DistEnv:
     )
 
 
-def init(env: DistEnv, device: str, timeout_s: float = 300.0) -> None:
-    """Joins the process group (gloo on CPU, NCCL on CUDA) and checks it against the env."""
+def init(env: DistEnv, device: torch.device, timeout_s: float = 300.0) -> None:
+    """Joins the process group (gloo on CPU, NCCL on CUDA) and checks it against the env.
+
+    On CUDA the group is bound to this rank's `device` (`device_id`): NCCL then knows its GPU
+    without guessing from the current device at each barrier.
+    """
     if not env.is_distributed or tdist.is_initialized():
         return
-    backend = "nccl" if device == "cuda" else "gloo"
-    tdist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if device.type == "cuda":
+        tdist.init_process_group("nccl", timeout=timeout, device_id=device)
+    else:
+        tdist.init_process_group("gloo", timeout=timeout)
     if (tdist.get_rank(), tdist.get_world_size()) != (env.rank, env.world_size):
         raise RuntimeError(
             f"process group says rank {tdist.get_rank()}/{tdist.get_world_size()}, "

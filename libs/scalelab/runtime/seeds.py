@@ -79,8 +79,8 @@ def rng_state() -> dict:
             "cached_gaussian": float(cached),
         },
     }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_available():  # this rank's GPU only: a resume may see fewer GPUs
+        state["cuda_device"] = torch.cuda.get_rng_state()
     return state
 
 
@@ -92,5 +92,11 @@ def set_rng_state(state: dict) -> None:
         ("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
     )
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if not torch.cuda.is_available():
+        return
+    if "cuda_device" in state:
+        torch.cuda.set_rng_state(state["cuda_device"])
+    elif "cuda" in state:  # an older checkpoint: every GPU that was visible; this rank's, if it is there
+        index = torch.cuda.current_device()
+        if index < len(state["cuda"]):
+            torch.cuda.set_rng_state(state["cuda"][index])

@@ -76,6 +76,7 @@ def time_steps(spec: dict[str, Any]) -> dict[str, Any]:
         optim=Optim(name="sgd", lr=1e-3),
         compile=spec["compile"],
         activation_checkpointing=spec.get("activation_checkpointing", False),
+        num_devices=world,
     )
     seeds.seed_all(seeds.rank_seed(cfg.seed, env.rank))
     batch = rank_batch(cfg, name, world, spec["batch_size"])

@@ -107,7 +107,10 @@ def _setups(cfg: SpeedupConfig, cap: Capacity, device: str) -> list[Cell]:
             setups += [Cell(f"{name}-t{t}" if device == "cpu" else f"{name}-gpu", name, 1, t, device) for t in threads]
             continue
         for nodes in cfg.nodes if strategy.distributed else [1]:
-            for world in (w for w in sizes if w % nodes == 0 and w >= strategy.min_cuda_devices):
+            worlds = [w for w in sizes if w % nodes == 0 and w >= strategy.min_cuda_devices]
+            if not worlds and strategy.min_cuda_devices:  # too few GPUs: one row that says so, not none
+                worlds = [strategy.min_cuda_devices]
+            for world in worlds:
                 per_node = world // nodes
                 threads = 1 if device == "cuda" else max(1, cores // per_node)
                 cell = f"{name}-w{world}" if cfg.nodes == [1] else f"{name}-n{nodes}-w{world}"
@@ -134,6 +137,9 @@ def _why_not(cfg: SpeedupConfig, cell: Cell, cap: Capacity) -> str:
     misfit = check_shape(shape, cap)
     if misfit:
         return misfit.reason
+    strategy = strategies.get(cell.strategy)
+    if cell.activation_checkpointing and not strategy.activation_checkpointing:
+        return f"activation checkpointing under {strategy.wrapper}: its replica threads would share its state"
     if cell.precision == "fp16" and cell.device != "cuda":
         return "fp16 needs CUDA: its GradScaler and fp16 kernels are for GPUs; on CPU use bf16"
     if cfg.scaling == "strong" and cell.batch_size % cell.world_size:

@@ -24,6 +24,7 @@ k-th round runs, read by every rank of a multi-task element); summary.csv, summa
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import signal
 import subprocess
@@ -34,10 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.config import ConfigError, Params, parse_params
-from scalelab.config.schema import check_best_metric
+from scalelab.config.schema import TrainConfig, check_best_metric
 from scalelab.config.space import corners, parse_space
 from scalelab.data.store import verify
 from scalelab.launch import slurm
+from scalelab.runtime.device import cuda_device_count
 from scalelab.sweeps.manifest import SHAPE_KEYS, Search
 from scalelab.sweeps.search_collect import collect
 from scalelab.sweeps.search_worker import SearchJob
@@ -127,6 +129,8 @@ def plan(args: Any, folder: Path, raw: dict[str, Any], specs: list[str]) -> Sear
         profile = slurm.load_profile(base.slurm.profile)
         for params in checked:
             slurm.preflight(params, profile, tracking_uri())
+    else:
+        worker_gpus(base.train, search.parallel, visible_gpus())  # enough GPUs for every worker
     return search
 
 
@@ -195,10 +199,42 @@ def submit(args: Any, folder: Path, raw: dict[str, Any], specs: list[str]) -> in
     return 0
 
 
+def visible_gpus() -> list[str]:
+    """The GPUs this process sees, as CUDA_VISIBLE_DEVICES names them (or their indices)."""
+    count = cuda_device_count()
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    names = [d.strip() for d in listed.split(",") if d.strip()] if listed is not None else []
+    return (names or [str(i) for i in range(count)])[:count]
+
+
+def worker_gpus(train: TrainConfig, parallel: int, visible: list[str]) -> list[str | None]:
+    """Each local worker's CUDA_VISIBLE_DEVICES: its own `train.nproc_per_node` GPUs, none shared;
+    None (inherit) where the trials run on the CPU.
+
+    Raises:
+        ConfigError: the workers need more GPUs than are visible.
+    """
+    if not visible or train.device == "cpu":
+        return [None] * parallel
+    each = train.nproc_per_node
+    if parallel * each > len(visible):
+        raise ConfigError(
+            f"sweep.parallel = {parallel} is not allowed: {parallel} local workers x {each} GPUs "
+            f"(train.nproc_per_node) need {parallel * each} GPUs; this machine has {len(visible)}; "
+            f"use at most {max(1, len(visible) // each)}"
+        )
+    return [",".join(visible[i * each : (i + 1) * each]) for i in range(parallel)]
+
+
 def run_local(search: Search) -> int:
-    """`--parallel` worker processes on this machine; waits for them, then collects."""
+    """`--parallel` worker processes on this machine, each on its own GPUs; waits for them, then
+    collects."""
     cmd = [sys.executable, "-m", "scalelab.cli", "sweep", "worker", "--folder", search.folder, "--index"]
-    procs = [subprocess.Popen([*cmd, str(i)]) for i in range(search.parallel)]
+    gpus = worker_gpus(parse_params(search.raw, "the sweep's manifest").train, search.parallel, visible_gpus())
+    procs = [
+        subprocess.Popen([*cmd, str(i)], env=os.environ | ({"CUDA_VISIBLE_DEVICES": g} if g else {}))
+        for i, g in enumerate(gpus)
+    ]
     try:
         codes = [p.wait() for p in procs]
     except KeyboardInterrupt:

@@ -23,7 +23,7 @@ from tqdm import tqdm
 from scalelab.config import Params
 from scalelab.data.store import open_split, verify
 from scalelab.runtime import dist, seeds
-from scalelab.runtime.device import setup_process
+from scalelab.runtime.device import setup_process, tf32_tags
 from scalelab.runtime.io import atomic_write_text
 from scalelab.runtime.signals import StopFlag
 from scalelab.runtime.timings import mark
@@ -78,6 +78,7 @@ def open_tracker(
                 "scalelab.strategy": params.train.strategy,
                 "scalelab.workload": params.train.workload,
                 "scalelab.device": device.type,
+                **tf32_tags(device.type),
                 **provenance.dvc_info(),
             }
             tracker = MlflowTracker.open(
@@ -204,6 +205,7 @@ def _train(
         clip_norm=train.grad_clip_norm,
         activation_checkpointing=train.activation_checkpointing,
         init_state=init_state,
+        num_devices=train.nproc_per_node,
     )
     best = Best(train.best_metric, train.best_mode, train.early_stop_patience)
     parts = {"best": best}  # the job's stateful parts beyond the loop's (Loop.stateful)

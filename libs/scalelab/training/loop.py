@@ -111,15 +111,25 @@ def build_loop(
     clip_norm: float = 0.0,
     activation_checkpointing: bool = False,
     init_state: dict[str, torch.Tensor] | None = None,
+    num_devices: int = 1,
 ) -> Loop:
     """Wraps the workload's model for `strategy_name` and builds optimizer, scheduler and scaler.
 
     `compile` runs the wrapped model through torch.compile; the first step then compiles.
     `schedule` builds the LR scheduler from the optimizer (training.schedule.build). A model on
     the meta device (fsdp) is materialised from `init_state` (see `strategy.Strategy.wrap`).
+    `num_devices`: the devices per node the job asks for (dp drives them all from one process).
     """
     wrap = strategy.get(strategy_name).wrap
-    model = wrap(wl.model, device, wl.shard_units, activation_checkpointing, init_state)
+    model = wrap(
+        wl.model,
+        device,
+        wl.shard_units,
+        activation_checkpointing,
+        init_state,
+        num_devices=num_devices,
+        precision=precision,
+    )
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     optimizer = optim.build(model.parameters())
     if compile:

@@ -31,6 +31,9 @@ class Strategy(strategies.Strategy):
         shard_units: Callable[[nn.Module], list[nn.Module]] | None = None,
         activation_checkpointing: bool = False,
         init_state: dict[str, Any] | None = None,
+        *,
+        num_devices: int = 1,
+        precision: str = "fp32",
     ) -> nn.Module:
         """Moves `model` to `device` and wraps it for this strategy.
 
@@ -42,18 +45,23 @@ class Strategy(strategies.Strategy):
         allocates only its shards on `device` and fills them from `init_state`: the whole initial
         state dict on global rank 0 (an empty dict on the others), broadcast tensor by tensor. With
         `init_state` None on every rank the shards are left for a sharded checkpoint to fill.
+
+        `num_devices` is the devices per node the job asks for (`nproc_per_node`): dp drives that
+        many from `device` on, and no more. `precision` sets what the strategy itself casts
+        (fsdp's MixedPrecisionPolicy); autocast stays the loop's.
         """
         on_meta = any(p.is_meta for p in model.parameters())
         if on_meta and not self.sharded:
             raise ValueError(f"a model on the meta device needs strategy fsdp, not {self.name!r}")
-        if not on_meta:
+        if not on_meta and not self.sharded:  # fully_shard moves each unit itself, never the whole model
             model = model.to(device)
         if activation_checkpointing:
             from torch.distributed._composable import checkpoint
 
             for unit in shard_units(model) if shard_units else [model]:
                 checkpoint(unit)
-        return self._parallel(model, device, shard_units, on_meta, init_state)
+        opts = {"num_devices": num_devices, "precision": precision}
+        return self._parallel(model, device, shard_units, on_meta, init_state, **opts)
 
     def _parallel(
         self,
@@ -62,34 +70,78 @@ class Strategy(strategies.Strategy):
         shard_units: Callable[[nn.Module], list[nn.Module]] | None,
         on_meta: bool,
         init_state: dict[str, Any] | None,
+        *,
+        num_devices: int = 1,
+        precision: str = "fp32",
     ) -> nn.Module:
         """The model on `device` in its parallel form."""
         return model
 
 
 class DataParallel(Strategy):
-    def _parallel(self, model, device, shard_units, on_meta, init_state):
-        return nn.DataParallel(model)
+    def _parallel(self, model, device, shard_units, on_meta, init_state, *, num_devices=1, precision="fp32"):
+        if device.type != "cuda":  # nothing to replicate onto: the plain model (config refuses device cpu)
+            return model
+        first = device.index or 0
+        return _AutocastDataParallel(model, device_ids=list(range(first, first + num_devices)))
+
+
+class _AutocastDataParallel(nn.DataParallel):
+    """nn.DataParallel whose replica threads run under the caller's autocast dtype.
+
+    autocast's dtype is per thread: torch's parallel_apply re-enters autocast in each replica
+    thread with `enabled` only, so a bf16 caller's replicas would compute in fp16.
+    """
+
+    def parallel_apply(self, replicas, inputs, kwargs):
+        kind = self.src_device_obj.type
+        if torch.is_autocast_enabled(kind):
+            dtype = torch.get_autocast_dtype(kind)
+            replicas = [_UnderAutocast(r, kind, dtype) for r in replicas]
+        return super().parallel_apply(replicas, inputs, kwargs)
+
+
+class _UnderAutocast:
+    """Calls `module` inside autocast(`kind`, `dtype`), in whichever thread calls it."""
+
+    def __init__(self, module: nn.Module, kind: str, dtype: torch.dtype) -> None:
+        self.module, self.kind, self.dtype = module, kind, dtype
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(self.kind, dtype=self.dtype):
+            return self.module(*args, **kwargs)
 
 
 class DDP(Strategy):
-    def _parallel(self, model, device, shard_units, on_meta, init_state):
+    def _parallel(self, model, device, shard_units, on_meta, init_state, **_):
         ids = [device.index] if device.type == "cuda" else None
         return nn.parallel.DistributedDataParallel(model, device_ids=ids)
 
 
 class FSDP(Strategy):
-    def _parallel(self, model, device, shard_units, on_meta, init_state):
+    def _parallel(self, model, device, shard_units, on_meta, init_state, *, num_devices=1, precision="fp32"):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
         mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
+        policy = mixed_precision(precision)
         for unit in shard_units(model) if shard_units else []:
-            fully_shard(unit, mesh=mesh)
-        model = fully_shard(model, mesh=mesh)
+            fully_shard(unit, mesh=mesh, mp_policy=policy)
+        model = fully_shard(model, mesh=mesh, mp_policy=policy)
         if on_meta:
             _materialise(model, device, init_state)
         return model
+
+
+def mixed_precision(precision: str) -> Any:
+    """FSDP2's policy for `precision`: under bf16 the parameters are all-gathered and computed in
+    bf16 and gradients reduce-scattered in fp32 (torchtitan's default); fp16 (GradScaler) and fp32
+    keep fp32 parameters (autocast alone casts the compute)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if precision == "bf16":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
 
 
 def _materialise(model: nn.Module, device: torch.device, init_state: dict[str, Any] | None) -> None:

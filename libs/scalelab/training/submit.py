@@ -27,7 +27,7 @@ from scalelab.data.store import DataError, open_split, verify
 from scalelab.launch import slurm
 from scalelab.launch.local import LaunchError, run_torchrun, worker_env
 from scalelab.launch.shape import check_shape, local_capacity, train_shape
-from scalelab.runtime import lifeline
+from scalelab.runtime import dist, lifeline
 from scalelab.runtime.io import atomic_write_json
 from scalelab.runtime.lock import FolderLock
 from scalelab.runtime.paths import repo_root
@@ -187,7 +187,10 @@ def run_worker(resolved: str | Path, data_dir: str | Path, out_dir: str | Path) 
     raise_on_sigterm()
     lifeline.exit_with_torchrun()
     params, plan = read_resolved(resolved)
-    return job.run(params, plan, data_dir, out_dir)
+    try:
+        return job.run(params, plan, data_dir, out_dir)
+    finally:
+        dist.shutdown()
 
 
 def run_slurm(
@@ -237,7 +240,10 @@ class TrainJob:
         requeue = signal.getsignal(signal.SIGUSR2)  # submitit's: checkpoint() + scontrol requeue
         stop = StopFlag().arm(signal.SIGUSR2)  # ours: only sets a flag; the loop acts on it
         params, plan = read_resolved(self.resolved)
-        summary = job.run(params, plan, self.data_dir, self.out_dir, stop=stop)
+        try:
+            summary = job.run(params, plan, self.data_dir, self.out_dir, stop=stop)
+        finally:
+            dist.shutdown()  # NCCL's communicators end here, not at interpreter exit
         rank = int(os.environ["RANK"])
         if summary["preempted"]:
             if rank == 0 and callable(requeue):
