@@ -11,6 +11,7 @@ import torch
 from helpers import run_cli, tiny_params, write_params
 from scalelab.config import ConfigError, DataConfig, TrainConfig, names, parse_params
 from scalelab.config.schema import DATA_KINDS
+from scalelab.data.features import FEATURE_READERS
 from scalelab.data.prepare import TOKEN_READERS
 from scalelab.training import pruning, schedule
 from scalelab.training.loop import OPTIMIZERS, Optim
@@ -49,6 +50,7 @@ def test_the_schema_and_what_builds_read_one_table_of_names():
     assert typing.get_args(typing.get_type_hints(DataConfig)["source"]) == tuple(names.DATA_SOURCES)
     assert DATA_KINDS == {n: s.kind for n, s in names.DATA_SOURCES.items()}
     assert set(TOKEN_READERS) == {n for n, s in names.DATA_SOURCES.items() if s.kind == "tokens"}
+    assert set(FEATURE_READERS) == {n for n, s in names.DATA_SOURCES.items() if s.kind == "features"}
     assert set(pruning.PRUNERS) == set(names.PRUNERS)
     for name in names.OPTIMIZERS:  # each builds its own optimizer
         built = Optim(name=name).build([torch.nn.Parameter(torch.zeros(2))])

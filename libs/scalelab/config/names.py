@@ -5,7 +5,7 @@ The schema's allowed values (`train.optimizer`, `train.lr_schedule`, `data.sourc
 sweep submit --pruner` are these tables' keys; any other name is refused with the key, the value and
 the allowed names (`check`), never built as a fallback. What lies above this package builds each
 entry from a table keyed the same (a test checks it): `training.loop.OPTIMIZERS`,
-`data.prepare.TOKEN_READERS` (token sources) and `data.features.feature_source`, and
+`data.prepare.TOKEN_READERS` (token sources) and `data.features.FEATURE_READERS`, and
 `training.pruning.PRUNERS`. An LR schedule is pure arithmetic, so its entry holds its own curve.
 
 To add one: its entry here, and its builder in the table above (a schedule needs no builder; a data
