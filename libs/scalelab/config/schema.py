@@ -19,13 +19,14 @@ from scalelab.config.checkpoints import (  # noqa: F401 (re-exported: where chec
     resume_from_problem,
 )
 from scalelab.config.loader import ConfigError, build, check_name, knob, read_yaml
-from scalelab.config.names import LR_SCHEDULES, OPTIMIZERS
+from scalelab.config.names import DATA_SOURCES, LR_SCHEDULES, OPTIMIZERS
 from scalelab.config.strategies import STRATEGIES
 from scalelab.config.strategies import get as get_strategy
 
 StrategyName = Literal[tuple(STRATEGIES)]  # the registered strategies (config/strategies.py)
 OptimizerName = Literal[tuple(OPTIMIZERS)]  # config/names.py
 LrScheduleName = Literal[tuple(LR_SCHEDULES)]  # config/names.py
+DataSourceName = Literal[tuple(DATA_SOURCES)]  # config/names.py
 Precision = Literal["fp32", "bf16", "fp16"]
 
 MAX_SEED = 2**32 - 1  # NumPy and torch both take it
@@ -91,8 +92,21 @@ class TextConfig:
             )
 
 
+@dataclass(**FROZEN)
+class JsonlConfig:
+    path: str = knob("data/raw", doc="a JSON Lines file, or a folder of them (a dependency of prepare in dvc.yaml)")
+    pattern: str = knob("**/*.jsonl", doc="the files read under a folder `path`: a glob; hidden ones are left out")
+    field: str = knob("text", doc="the string field of each line's object that is one document; '' lines are skipped")
+    tokenizer: Literal["bytes"] = knob("bytes", doc="bytes: one token per UTF-8 byte, a vocabulary of 256")
+
+    def check(self, prefix: str) -> None:
+        TextConfig.check(self, prefix)  # the same path rules
+        if not self.field:
+            raise ConfigError(f"{prefix}.field = '' is not allowed: name the string field that holds each document")
+
+
 # what each data source gives a workload: feature rows with class labels, or a token stream
-DATA_KINDS = {"digits": "features", "synthetic": "features", "file": "features", "text": "tokens"}
+DATA_KINDS = {name: s.kind for name, s in DATA_SOURCES.items()}
 VOCAB_SIZES = {"bytes": 256}
 # what each kind of data is scored by (training.evaluation): logged as val_<score> every epoch
 SCORES = {"features": ("loss", "accuracy"), "tokens": ("loss", "perplexity", "bits_per_byte")}
@@ -100,18 +114,24 @@ SCORES = {"features": ("loss", "accuracy"), "tokens": ("loss", "perplexity", "bi
 
 @dataclass(**FROZEN)
 class DataConfig:
-    source: Literal["digits", "synthetic", "file", "text"] = knob("digits")
+    source: DataSourceName = knob("digits", doc=" | ".join(DATA_SOURCES) + " (config/names.py)")
     seed: int = knob(0, ge=0, le=MAX_SEED, doc="seed of the synthetic generator and of the split")
     val_fraction: float = knob(0.1, gt=0.0, lt=0.5)
     test_fraction: float = knob(0.2, gt=0.0, lt=0.5)
     synthetic: SyntheticConfig = knob(SyntheticConfig())
     file: FileConfig = knob(FileConfig())
     text: TextConfig = knob(TextConfig())
+    jsonl: JsonlConfig = knob(JsonlConfig())
 
     @property
     def kind(self) -> str:
         """What the source gives a workload: 'features' or 'tokens'."""
         return DATA_KINDS[self.source]
+
+    @property
+    def section(self) -> Any:
+        """The knobs of the chosen source (data.text for text, ...); None for digits."""
+        return getattr(self, self.source, None)
 
     def check(self, prefix: str) -> None:
         if self.source == "file" and not self.file.path:
@@ -151,9 +171,12 @@ class TrainConfig:
     num_workers: int = knob(0, ge=0, doc="DataLoader worker processes per rank")
     untimed_steps: int = knob(5, ge=0, doc="first steps left out of throughput figures (not an LR warm-up)")
     lr_schedule: LrScheduleName = knob(
-        "constant", doc="after lr_warmup_steps: constant, or a cosine or linear decay to lr * min_lr_ratio at the end"
+        "constant", doc=" | ".join(LR_SCHEDULES) + " after lr_warmup_steps (config/names.py)"
     )
     lr_warmup_steps: int = knob(0, ge=0, doc="optimizer steps of linear LR warm-up from lr / lr_warmup_steps to lr")
+    lr_decay_fraction: float = knob(
+        0.2, gt=0.0, le=1.0, doc="wsd: the share of the steps after the warm-up spent decaying; the rest is stable"
+    )
     min_lr_ratio: float = knob(0.0, ge=0.0, le=1.0, doc="the decayed LR at the last step, as a fraction of lr")
     grad_clip_norm: float = knob(0.0, ge=0.0, doc="clip the global gradient norm to this; 0 turns clipping off")
     best_metric: str = knob("val_loss", doc="a validation metric (val_loss, val_accuracy, ...) that picks best.pt")
@@ -368,7 +391,7 @@ def parse_params(raw: Any, source: str) -> Params:
     try:
         params = build(Params, raw)
         model = registry.check_config(params.train.workload, params.train.model, "train")
-        vocab = VOCAB_SIZES[params.data.text.tokenizer] if params.data.kind == "tokens" else None
+        vocab = VOCAB_SIZES[params.data.section.tokenizer] if params.data.kind == "tokens" else None
         registry.check_data(params.train.workload, model, params.data.source, params.data.kind, vocab)
         check_best_metric(params.train.best_metric, params.data)
         registry.check_config(params.speedup.workload, params.speedup.model, "speedup")

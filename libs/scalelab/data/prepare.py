@@ -1,10 +1,10 @@
-"""Data preparation: digits, synthetic, a CSV/Parquet table or a text corpus -> data/prepared/.
+"""Data preparation: digits, synthetic, a CSV/Parquet table, a text or JSON Lines corpus -> data/prepared/.
 
 Each split is a few `.npy` files (scalelab.data.arrays), written as the input streams past, so
 prepare's memory does not grow with the data:
 - features (digits, synthetic, file): `<split>.x.npy` (float32, one row per sample) and
   `<split>.y.npy` (int64 class codes);
-- tokens (text): `<split>.tokens.npy` (uint8 bytes) and `<split>.doc_starts.npy` (int64 offsets
+- tokens (text, jsonl): `<split>.tokens.npy` (uint8 bytes) and `<split>.doc_starts.npy` (int64 offsets
   of its documents).
 `manifest.json` comes last: the kind, the shapes, every file's sha256, md5 and probe digest, and
 the params that produced them. Everything is written into a staging folder first and moved into
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from scalelab.config import ConfigError, DataConfig, to_dict
-from scalelab.data import text
+from scalelab.data import jsonl, text
 from scalelab.data.arrays import NpyWriter, file_entry
 from scalelab.data.features import FeatureSource, feature_source
 from scalelab.data.split import SPLITS, TRAIN, Splitter, split_sizes
@@ -32,6 +32,9 @@ from scalelab.data.store import FORMAT, MANIFEST
 from scalelab.runtime.io import atomic_write_json
 
 STAGING = ".staging-"
+# each token source of config/names.py: its section of knobs -> its files and their documents as
+# byte pieces (the same keys as the registry's token sources: a test checks it)
+TOKEN_READERS = {"text": text.reader, "jsonl": jsonl.reader}
 
 
 def prepare(
@@ -52,7 +55,7 @@ def prepare(
     """
     out = Path(out_dir)
     with _staging(out) as tmp:
-        if cfg.source == "text":
+        if cfg.kind == "tokens":
             body = _prepare_tokens(cfg, tmp, min_train_samples, seq_len or 1)
         else:
             body = _prepare_features(cfg, tmp, min_train_samples)
@@ -92,8 +95,7 @@ def _commit(out: Path, tmp: Path, manifest: dict[str, Any]) -> None:
 
 def _refuse_small_train(cfg: DataConfig, have: int, need: int, what: str) -> None:
     if have < need:
-        source = cfg.file.path if cfg.source == "file" else cfg.text.path if cfg.source == "text" else None
-        source = source or f"data.source {cfg.source!r}"
+        source = getattr(cfg.section, "path", None) or f"data.source {cfg.source!r}"
         raise ConfigError(
             f"{source}: the training split has {have} {what}, fewer than one global batch of {need} "
             "(train.batch_size x grad_accum_steps x processes); add data or lower train.batch_size"
@@ -150,16 +152,18 @@ def _standardize(tmp: Path, moments: np.ndarray) -> dict[str, Any]:
 
 
 def _prepare_tokens(cfg: DataConfig, tmp: Path, min_train_samples: int, seq_len: int) -> dict[str, Any]:
-    t = cfg.text
-    corpus = text.scan(text.list_files(t.path, t.pattern), t.separator)
+    t, key = cfg.section, f"data.{cfg.source}"
+    files, pieces = TOKEN_READERS[cfg.source](t)
+    corpus = text.scan(files, pieces)
     if corpus.num_documents < len(SPLITS):
+        more = "data.text.separator" if cfg.source == "text" else "more lines"
         raise ConfigError(
-            f"data.text.path = {t.path!r} gives {corpus.num_documents} document(s) (UTF-8, not empty): train, val "
-            "and test are split by document and need at least 3; give a folder of files, or set data.text.separator"
+            f"{key}.path = {t.path!r} gives {corpus.num_documents} document(s) (UTF-8, not empty): train, val "
+            f"and test are split by document and need at least 3; give a folder of files, or set {more}"
         )
     sizes = split_sizes(corpus.num_documents, cfg.val_fraction, cfg.test_fraction)
     streams = text.SplitStreams(tmp, SPLITS)
-    text.write_split_streams(corpus, t.separator, Splitter(sizes, cfg.seed), streams)
+    text.write_split_streams(corpus, pieces, Splitter(sizes, cfg.seed), streams)
     for writer in streams.writers():
         writer.close()
     tokens = {n: streams.tokens[n].rows for n in SPLITS}
@@ -167,7 +171,7 @@ def _prepare_tokens(cfg: DataConfig, tmp: Path, min_train_samples: int, seq_len:
     for name in ("val", "test"):
         if (tokens[name] - 1) // seq_len < 1:
             raise ConfigError(
-                f"data.text.path = {t.path!r}: the {name} split holds {tokens[name]} tokens, fewer than one sequence "
+                f"{key}.path = {t.path!r}: the {name} split holds {tokens[name]} tokens, fewer than one sequence "
                 f"of {seq_len} + 1 (train.model.seq_len); add documents or raise data.{name}_fraction"
             )
     splits = {

@@ -9,13 +9,16 @@ byte, nothing downloaded or trained.
 Two streamed passes, each holding one CHUNK_BYTES block of one file: `scan` checks that every file
 is UTF-8 and counts its documents (a file that is not UTF-8, or is empty, is skipped and listed in
 the manifest); `write_split_streams` appends each document's bytes to its split's token file and
-its start offset to the split's document index.
+its start offset to the split's document index. Both take a `Pieces` function, a file's documents
+as byte pieces: `reader` gives this source's; another token source (data/jsonl.py) gives its own
+and shares the rest.
 """
 
 from __future__ import annotations
 
 import codecs
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,8 @@ from scalelab.data.split import Splitter
 CHUNK_BYTES = 8 << 20
 VOCAB_SIZES = {"bytes": 256}
 SKIPPED_EXAMPLES = 5
+# a file's bytes in order, in non-empty pieces; a piece flagged True ends a document
+Pieces = Callable[[Path], Iterator[tuple[bytes, bool]]]
 
 
 @dataclass(frozen=True)
@@ -42,19 +47,25 @@ class Corpus:
         return sum(self.documents)
 
 
-def list_files(path: str, pattern: str) -> list[Path]:
+def reader(section: Any) -> tuple[list[Path], Pieces]:
+    """The files of `data.text` and how each splits into documents (at `separator`, or whole)."""
+    files = list_files(section.path, section.pattern)
+    return files, functools.partial(_pieces, separator=section.separator.encode())
+
+
+def list_files(path: str, pattern: str, key: str = "data.text") -> list[Path]:
     """The file at `path`, or the files under folder `path` that match `pattern`, hidden ones
-    (any part starting with '.') left out, sorted by relative path."""
+    (any part starting with '.') left out, sorted by relative path; `key` is their params section."""
     root = Path(path)
     if root.is_file():
         return [root]
     if not root.is_dir():
-        raise ConfigError(f"data.text.path = {path!r}: no such file or folder")
+        raise ConfigError(f"{key}.path = {path!r}: no such file or folder")
     files = sorted(
         p for p in root.glob(pattern) if p.is_file() and not any(s.startswith(".") for s in p.relative_to(root).parts)
     )
     if not files:
-        raise ConfigError(f"data.text.pattern = {pattern!r} matches no file under {path}")
+        raise ConfigError(f"{key}.pattern = {pattern!r} matches no file under {path}")
     return files
 
 
@@ -82,12 +93,12 @@ def _pieces(path: Path, separator: bytes) -> Iterator[tuple[bytes, bool]]:
         yield tail, False
 
 
-def _count_documents(path: Path, separator: bytes) -> int | None:
+def _count_documents(path: Path, pieces: Pieces) -> int | None:
     """Documents in one file (0 when empty), or None when it is not UTF-8; one streamed read."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     count, open_document = 0, False
     try:
-        for piece, ends in _pieces(path, separator):
+        for piece, ends in pieces(path):
             decoder.decode(piece)
             count += ends
             open_document = not ends
@@ -97,12 +108,11 @@ def _count_documents(path: Path, separator: bytes) -> int | None:
     return count + open_document
 
 
-def scan(files: list[Path], separator: str) -> Corpus:
+def scan(files: list[Path], pieces: Pieces) -> Corpus:
     """Pass 1: which files are UTF-8 and not empty, and how many documents each holds."""
-    sep = separator.encode()
     kept, counts, not_utf8, empty = [], [], [], []
     for path in files:
-        n = _count_documents(path, sep)
+        n = _count_documents(path, pieces)
         if n is None:
             not_utf8.append(path)
         elif n == 0:
@@ -129,13 +139,12 @@ class SplitStreams:
         return [*self.tokens.values(), *self.starts.values()]
 
 
-def write_split_streams(corpus: Corpus, separator: str, splitter: Splitter, streams: SplitStreams) -> None:
+def write_split_streams(corpus: Corpus, pieces: Pieces, splitter: Splitter, streams: SplitStreams) -> None:
     """Pass 2: every document's bytes to the token file of its split, in path order."""
     names = list(streams.tokens)
-    sep = separator.encode()
     for path, count in zip(corpus.files, corpus.documents):
         labels, done, tokens = splitter.take(count), 0, None
-        for piece, ends in _pieces(path, sep):
+        for piece, ends in pieces(path):
             if tokens is None:  # a document starts: its split, and its offset in that split
                 name = names[labels[done]]
                 tokens = streams.tokens[name]

@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from scalelab.config import ConfigError, Params, parse_params
+from scalelab.config import ConfigError, Params, names, parse_params
 from scalelab.config.schema import TrainConfig, check_best_metric
 from scalelab.config.space import corners, parse_space
 from scalelab.data.store import verify
@@ -44,7 +44,7 @@ from scalelab.sweeps.manifest import SHAPE_KEYS, Search
 from scalelab.sweeps.search_collect import collect
 from scalelab.sweeps.search_worker import SearchJob
 from scalelab.tracking import MlflowTracker, tracking_uri
-from scalelab.training.pruning import PRUNERS, open_storage
+from scalelab.training.pruning import open_storage
 from scalelab.training.submit import plan_job
 
 METHODS = ("grid", "tpe", "random")
@@ -72,8 +72,7 @@ def plan(args: Any, folder: Path, raw: dict[str, Any], specs: list[str]) -> Sear
     """
     if args.method not in METHODS:
         raise ConfigError(f"--method {args.method!r} is not allowed: give one of {', '.join(METHODS)}")
-    if args.pruner not in PRUNERS:
-        raise ConfigError(f"--pruner {args.pruner!r} is not allowed: give one of {', '.join(PRUNERS)}")
+    names.check("--pruner", args.pruner, names.PRUNERS)
     for option, value in (("--trials", args.trials), ("--parallel", args.parallel)):
         if value is not None and value < 1:
             raise ConfigError(f"{option} {value} is not allowed: give a whole number >= 1")

@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from scalelab.config import ConfigError, Params, parse_params, read_yaml
+from scalelab.config import ConfigError, Params, names, parse_params, read_yaml
 from scalelab.config.loader import check_name
 from scalelab.config.overrides import apply, expand, parse_overrides
 from scalelab.data.store import verify
@@ -89,6 +89,7 @@ def plan(params_file: str, raw: dict[str, Any], specs: list[str]) -> tuple[Param
 
 def submit(args: argparse.Namespace) -> int:
     check_name("--name", args.name)
+    names.check("--pruner", args.pruner, names.PRUNERS)  # before anything starts, grid or search
     folder = sweeps_root() / args.name
     if (folder / "manifest.json").exists():
         raise ConfigError(f"--name {args.name!r}: {folder} already holds a sweep; pick another name")
@@ -316,7 +317,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="<validation metric>:min|max that a search (or a local grid) optimises (default val_loss:min); a grid "
         "on SLURM ranks its elements by train.best_metric and train.best_mode instead",
     )
-    p.add_argument("--pruner", default="none", help="median, hyperband or none (default: none)")
+    p.add_argument("--pruner", default="none", help=f"{', '.join(names.PRUNERS)} (default: none; config/names.py)")
     for action, text in (
         ("status", "each element's or trial's state (a search: and its value)"),
         ("collect", "write summary.csv (and summary_by_setting.csv over seeds); print them and the best trial"),

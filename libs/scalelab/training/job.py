@@ -194,6 +194,7 @@ def _train(
         schedule=train.lr_schedule,
         warmup_steps=train.lr_warmup_steps,
         min_ratio=train.min_lr_ratio,
+        decay_fraction=train.lr_decay_fraction,
     )
     loop = build_loop(
         wl,

@@ -36,7 +36,7 @@ class Optim:
         return OPTIMIZERS[self.name](self, params)
 
 
-# how each optimizer of config/names.py is built: the same keys (a test checks it)
+# how each optimizer of config/names.py (the registry) is built: the same keys (a test checks it)
 OPTIMIZERS: dict[str, Callable[[Optim, Any], torch.optim.Optimizer]] = {
     "adamw": lambda o, params: torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay),
     "sgd": lambda o, params: torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay),

@@ -4,18 +4,29 @@
 it there (any launcher: in-process, torchrun, SLURM) and, at each validation, asks `should_prune`.
 Global rank 0 reports the objective to the study and takes the pruner's decision; every rank gets
 that decision, so all of them stop at the same step. Without the file there is no pruning.
+
+The pruners' names are `config.names.PRUNERS` (what `--pruner` allows); `PRUNERS` here builds each,
+keyed the same (a test checks it). A new pruner is its entry there and its builder here.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from scalelab.config import names
 from scalelab.runtime import dist
 
 TRIAL_FILE = "trial.json"
-PRUNERS = ("median", "hyperband", "none")
+# each pruner of config/names.py, built with the resource counted in validations (1, 2, ...)
+PRUNERS: dict[str, Callable[[Any], Any]] = {
+    "none": lambda optuna: optuna.pruners.NopPruner(),
+    "median": lambda optuna: optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0),
+    "hyperband": lambda optuna: optuna.pruners.HyperbandPruner(min_resource=1, reduction_factor=3),
+    "halving": lambda optuna: optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=3),
+}
 
 
 def open_storage(url: str) -> Any:
@@ -33,15 +44,16 @@ def open_storage(url: str) -> Any:
 
 
 def make_pruner(name: str) -> Any:
-    """`median`: stop a trial below the median of earlier trials at the same validation (after 2
-    finished trials); `hyperband`: successive halving brackets over the validations; `none`."""
+    """The Optuna pruner `name` of config/names.py (`median`: below the median of earlier trials at
+    the same validation, after 2 finished; `hyperband`; `halving`: successive halving, a third of
+    the trials kept at each rung of 1, 3, 9, ... validations; `none`).
+
+    Raises:
+        ConfigError: any other name, never built as another pruner.
+    """
     import optuna
 
-    if name == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
-    if name == "hyperband":
-        return optuna.pruners.HyperbandPruner(min_resource=1, reduction_factor=3)
-    return optuna.pruners.NopPruner()
+    return PRUNERS[names.check("--pruner", name, names.PRUNERS)](optuna)
 
 
 def load_study(info: dict[str, Any]) -> Any:
