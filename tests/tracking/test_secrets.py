@@ -204,7 +204,7 @@ def test_a_secret_in_the_uncommitted_changes_stores_no_diff_and_marks_the_run_no
     token = "hf_" + rand(34)
     params.write_text(params.read_text() + f"  hub_token: {token}\n")  # in the last section, sweep
     (shipped_params_repo / "notes.txt").write_text("nothing here\n")
-    out_tags, out_texts = scrub(*git_info(shipped_params_repo))
+    out_tags, out_texts = scrub(*git_info(shipped_params_repo, untracked_contents=True))  # tracking.upload_untracked
     assert "provenance/dirty.diff" not in out_texts and out_texts["provenance/untracked.diff"]
     line = len(params.read_text().splitlines())
     assert out_tags["provenance.dirty.diff.withheld"] == f"a secret at params.yaml line {line} (huggingface-token)"
@@ -227,7 +227,10 @@ def test_secret_file_names_and_uri_masks():
 @pytest.mark.integration
 def test_a_run_with_secrets_in_its_changes_holds_them_nowhere_and_cannot_be_reproduced(repo_copy, tmp_path):
     storage = f"postgresql://optuna:{SECRET}@db.lab:5432/optuna"  # the README's sweep.storage form
-    write_params(repo_copy / "params.yaml", tiny_params(train={"epochs": 1}, sweep={"storage": storage}))
+    untracked = {"upload_untracked": True}  # opted in: the untracked notes.txt is read, and its secret found
+    write_params(
+        repo_copy / "params.yaml", tiny_params(train={"epochs": 1}, sweep={"storage": storage}, tracking=untracked)
+    )
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qam", "tiny"], cwd=repo_copy)
     (repo_copy / ".env").write_text(f"MLFLOW_TRACKING_PASSWORD={SECRET}\n")  # git-ignored secret file
     (repo_copy / "deploy_token.txt").write_text(f"{SECRET}\n")  # not ignored, but named like a secret

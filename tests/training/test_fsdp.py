@@ -121,7 +121,14 @@ def test_fsdp_checkpoint_is_one_shard_file_per_rank_and_converts_to_the_full_sta
     folders = sorted((out / "checkpoints").glob("step-*.dcp"))
     assert folders and not list((out / "checkpoints").glob("step-*.pt")), "no sharded checkpoint written"
     newest = folders[-1]
-    assert {p.name for p in newest.iterdir()} == {".metadata", "extra.pt", "__0_0.distcp", "__1_0.distcp"}
+    assert {p.name for p in newest.iterdir()} == {
+        ".metadata",
+        "metadata.sha256",
+        "sizes.json",
+        "extra.pt",
+        "__0_0.distcp",
+        "__1_0.distcp",
+    }
     # each rank wrote its own half of the weights and momentum buffers (and some framing), not the whole
     whole = 2 * sum(t.numel() * t.element_size() for t in plain.values())
     for shard in ("__0_0.distcp", "__1_0.distcp"):
