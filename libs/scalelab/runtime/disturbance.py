@@ -5,7 +5,10 @@ system, irq, softirq; steal apart), the CPU time of our own processes (utime + s
 /proc/<pid>/stat, all of its threads), and the 1-minute load average. Between two snapshots,
 `share(before, after)` is what the others held: (busy - ours) / (elapsed x cores), and the steal
 (time a hypervisor gave to other guests) as a share of the same. It sees one machine: on several
-nodes, rank 0's.
+nodes, rank 0's. /proc counts whole ticks (1/HZ s), each counter read at its own moment, so
+every counter read may be a tick off: the others' share is a lower bound, with one tick per
+counter (the machine's and each of our processes') taken off. A repeat of a few milliseconds
+therefore never reads as busy; one of a second or more reads within a few percent.
 
     before = snapshot([os.getpid()])
     ...  # the timed work
@@ -30,6 +33,7 @@ class Snapshot:
     steal_ticks: int
     own_ticks: int  # utime + stime of our processes
     load_1m: float
+    counters: int = 1  # tick counters read: the machine's and one per process of ours found
 
 
 @dataclass(frozen=True)
@@ -58,20 +62,23 @@ def process_ticks(pid_stat_text: str) -> int:
 def snapshot(pids: list[int], proc: Path = PROC) -> Snapshot:
     """The machine's busy and steal ticks, our `pids`' ticks (a gone pid counts 0), the load."""
     busy, steal = cpu_ticks((proc / "stat").read_text())
-    own = 0
+    own, found = 0, 0
     for pid in pids:
         try:
             own += process_ticks((proc / str(pid) / "stat").read_text())
+            found += 1
         except (OSError, IndexError, ValueError):
             pass
     load = float((proc / "loadavg").read_text().split()[0])
-    return Snapshot(time.monotonic(), busy, steal, own, load)
+    return Snapshot(time.monotonic(), busy, steal, own, load, 1 + found)
 
 
 def share(before: Snapshot, after: Snapshot, cores: int, hz: int = HZ) -> Share:
-    """What other processes (and the hypervisor) held of the machine between two snapshots."""
+    """What other processes (at least: the rounding of /proc's ticks taken off) and the
+    hypervisor held of the machine between two snapshots."""
     capacity = max(after.time_s - before.time_s, 1e-9) * hz * max(cores, 1)
     others = (after.busy_ticks - before.busy_ticks) - (after.own_ticks - before.own_ticks)
+    others -= max(before.counters, after.counters)  # a tick of rounding per counter read
     return Share(
         others=min(max(others / capacity, 0.0), 1.0),
         steal=min(max((after.steal_ticks - before.steal_ticks) / capacity, 0.0), 1.0),
