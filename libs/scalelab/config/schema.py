@@ -258,6 +258,9 @@ class SpeedupConfig:
     max_retries: int = knob(
         3, ge=0, doc="extra repeats per cell in place of busy ones; past them busy ones are dropped"
     )
+    max_warm_cells: int = knob(
+        8, ge=1, doc="cells whose ranks wait warm at once (~0.5 GB per rank); more are measured in waves"
+    )
     work_samples: int = knob(1_000_000, ge=1, doc="the fixed work behind the 'training time' column")
     baseline: Literal["single-t1", "single-all"] = knob("single-t1", doc="the speedup column's baseline")
     interconnects: dict[str, Interconnect] = knob(

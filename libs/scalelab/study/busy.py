@@ -14,10 +14,12 @@ A cell that kept no repeat at all has no figure ("invalid": the machine was busy
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+log = logging.getLogger(__name__)
 SHARE_KEYS = ("others_cpu_share", "steal_share", "load_1m")
 
 
@@ -69,6 +71,7 @@ def take_rounds(names: list[str], turn: Callable[[str], dict[str, Any] | None], 
         due = [n for n in names if n not in failed and tallies[n].due(policy)]
         if not due:
             return tallies
+        log.info("round %d: %s", round_ + 1, ", ".join(due))
         for name in due if round_ % 2 == 0 else due[::-1]:
             figures = turn(name)
             if figures is None:

@@ -62,8 +62,14 @@ def run_cell(kind: str, cell: Cell, spec: dict[str, Any], folder: Path) -> dict[
 
 def run_interleaved(params: Params, cells: list[Cell], folder: Path) -> list[dict[str, Any]]:
     """Measures `cells` here, their repeats in rounds (study.busy): every cell's ranks start once
-    and stay warm between rounds (launch.warm); warm-ups and repeats run one cell at a time.
-    Returns one result per cell, in order."""
+    and stay warm between rounds (launch.warm); warm-ups and repeats run one cell at a time. At
+    most `speedup.max_warm_cells` cells are alive at once (each rank holds torch in memory): more
+    are measured in waves of that many. Returns one result per cell, in order."""
+    size = params.speedup.max_warm_cells
+    return [r for i in range(0, len(cells), size) for r in _interleave(params, cells[i : i + size], folder)]
+
+
+def _interleave(params: Params, cells: list[Cell], folder: Path) -> list[dict[str, Any]]:
     failed: dict[str, str] = {}
     with warm.Coordinator.open() as coord:
 
