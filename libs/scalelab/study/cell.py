@@ -1,7 +1,8 @@
 """What runs inside one speedup-study cell: time training steps, or time all-reduces.
 
-Started by scalelab.study.run through launch.local.run_ranks (one process, or torchrun for ddp),
-or on SLURM as a `CellJob`. By hand:
+Started by scalelab.study.run: as a warm cell (`cell-worker warm`, `serve`: one timed repeat per
+command of the coordinator, launch.warm), or in one go (`cell-worker steps`, `time_steps`: through
+launch.local.run_ranks, or on SLURM as a `CellJob`). By hand:
 
     torchrun --standalone --nproc-per-node 2 -m scalelab.cli cell-worker steps \
         --spec results/speedup/cells/ddp-w2.spec.json --out /tmp/ddp-w2.json
@@ -65,7 +66,7 @@ class Steps:
     """One cell's ranks, built: warm-up, then timed repeats one at a time (in rounds, when the
     study interleaves its cells), then the figures that do not change from repeat to repeat."""
 
-    def __init__(self, spec, cfg, env, device, wl, loop, pool, batch, memory_base) -> None:  # noqa: PLR0913
+    def __init__(self, spec, cfg, env, device, wl, loop, pool, batch, memory_base) -> None:
         self.spec, self.cfg, self.env, self.device, self.wl = spec, cfg, env, device, wl
         self.loop, self.pool, self.batch, self.memory_base = loop, pool, batch, memory_base
         self.first_step_s, self.pids = float("nan"), [os.getpid()]
