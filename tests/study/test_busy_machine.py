@@ -59,6 +59,7 @@ def study(folder, busy_from_round: int | None = None) -> tuple[dict, pd.DataFram
         code = proc.wait(timeout=600)
         reader.join(timeout=30)
     finally:
+        proc.kill()  # (gone already, unless the wait timed out)
         for loop in loops:
             loop.kill()
             loop.wait()
@@ -90,6 +91,7 @@ def assert_stated_or_withheld(head: dict, log: str) -> None:
 def test_a_study_that_turns_busy_halfway_states_the_idle_headline_or_withholds_it(tmp_path):
     idle, idle_frame, idle_log = study(tmp_path / "idle")
     busy, busy_frame, busy_log = study(tmp_path / "busy", busy_from_round=BUSY_FROM_ROUND)
+    print(f"idle: {idle['headline']}\nbusy: {busy['headline']}")  # (shown with pytest -rP)
     for head, frame, log in ((idle, idle_frame, idle_log), (busy, busy_frame, busy_log)):
         assert_no_impossible_speedup(frame, log)
         assert_stated_or_withheld(head, log)

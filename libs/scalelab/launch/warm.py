@@ -35,6 +35,7 @@ from scalelab.launch.local import rank_stderr, worker_command, worker_env
 from scalelab.runtime.io import atomic_write_json
 
 POLL_S = 1.0  # how often a wait for a rank checks that its processes are still alive
+EXIT_S = 120.0  # how long a group may take to leave its process group and exit after "done"
 
 
 class GroupFailed(RuntimeError):
@@ -164,8 +165,13 @@ class Coordinator:
     def finish(self, name: str) -> dict[str, Any]:
         """Sends "done", waits for the group to exit and returns what rank 0 wrote to its out file."""
         self.command(name, {"do": "done"})
-        group = self.groups.pop(name)
-        code = group.proc.wait()
+        group = self.groups[name]
+        try:
+            code = group.proc.wait(timeout=EXIT_S)
+        except subprocess.TimeoutExpired:
+            self.stop(name)
+            raise GroupFailed(f"still running {EXIT_S:.0f} s after done (stopped): {self._why(group)}") from None
+        self.groups.pop(name)
         for conn in group.conns.values():
             conn.close()
         if code != 0 or not group.out.is_file():

@@ -177,10 +177,17 @@ def time_steps(spec: dict[str, Any]) -> dict[str, Any]:
 
 def serve(spec: dict[str, Any]) -> dict[str, Any]:
     """A warm cell (launch.warm): builds, then answers the coordinator's commands -- "warmup",
-    "repeat" (one timed repeat), "done" -- and returns its fixed figures (rank 0's `is_main`)."""
-    started_ms = int(time.time() * 1000)
+    "repeat" (one timed repeat), "done" -- and returns its fixed figures (rank 0's `is_main`).
+    The cell's model is gone before the rank leaves its process group (see `measure`)."""
+    figures = _answer_commands(spec)
+    dist.shutdown()
+    return {**figures, "ended_ms": int(time.time() * 1000)}
+
+
+def _answer_commands(spec: dict[str, Any]) -> dict[str, Any]:
     steps = Steps.build(spec)
     channel = warm.Channel.connect(spec["channel"], steps.env.rank)
+    started_ms = int(time.time() * 1000)
     try:
         for cmd in channel:
             if cmd["do"] == "warmup":
@@ -192,13 +199,10 @@ def serve(spec: dict[str, Any]) -> dict[str, Any]:
             elif cmd["do"] == "done":
                 figures = steps.figures()
                 channel.answer({})
-                break
-        else:
-            raise RuntimeError("the coordinator went away before it said done")
+                return {**figures, "started_ms": started_ms}
+        raise RuntimeError("the coordinator went away before it said done")
     finally:
         channel.close()
-    dist.shutdown()
-    return {**figures, "started_ms": started_ms, "ended_ms": int(time.time() * 1000)}
 
 
 def _memory(loop, device: torch.device, baseline: int) -> dict[str, Any]:
