@@ -5,10 +5,10 @@ system, irq, softirq; steal apart), the CPU time of our own processes (utime + s
 /proc/<pid>/stat, all of its threads), and the 1-minute load average. Between two snapshots,
 `share(before, after)` is what the others held: (busy - ours) / (elapsed x cores), and the steal
 (time a hypervisor gave to other guests) as a share of the same. It sees one machine: on several
-nodes, rank 0's. /proc counts whole ticks (1/HZ s), each counter read at its own moment, so
-every counter read may be a tick off: the others' share is a lower bound, with one tick per
-counter (the machine's and each of our processes') taken off. A repeat of a few milliseconds
-therefore never reads as busy; one of a second or more reads within a few percent.
+nodes, rank 0's. /proc charges CPU time by whole ticks (1/HZ s), a tick per CPU to whatever runs
+there, so over a window each CPU's count may be a tick off, both the machine's and ours: the
+others' share is a lower bound, with 2 ticks per core taken off. A repeat of a few milliseconds
+therefore never reads as busy; one of a second or more on 2 cores reads within 2%.
 
     before = snapshot([os.getpid()])
     ...  # the timed work
@@ -33,7 +33,6 @@ class Snapshot:
     steal_ticks: int
     own_ticks: int  # utime + stime of our processes
     load_1m: float
-    counters: int = 1  # tick counters read: the machine's and one per process of ours found
 
 
 @dataclass(frozen=True)
@@ -62,15 +61,14 @@ def process_ticks(pid_stat_text: str) -> int:
 def snapshot(pids: list[int], proc: Path = PROC) -> Snapshot:
     """The machine's busy and steal ticks, our `pids`' ticks (a gone pid counts 0), the load."""
     busy, steal = cpu_ticks((proc / "stat").read_text())
-    own, found = 0, 0
+    own = 0
     for pid in pids:
         try:
             own += process_ticks((proc / str(pid) / "stat").read_text())
-            found += 1
         except (OSError, IndexError, ValueError):
             pass
     load = float((proc / "loadavg").read_text().split()[0])
-    return Snapshot(time.monotonic(), busy, steal, own, load, 1 + found)
+    return Snapshot(time.monotonic(), busy, steal, own, load)
 
 
 def share(before: Snapshot, after: Snapshot, cores: int, hz: int = HZ) -> Share:
@@ -78,7 +76,7 @@ def share(before: Snapshot, after: Snapshot, cores: int, hz: int = HZ) -> Share:
     hypervisor held of the machine between two snapshots."""
     capacity = max(after.time_s - before.time_s, 1e-9) * hz * max(cores, 1)
     others = (after.busy_ticks - before.busy_ticks) - (after.own_ticks - before.own_ticks)
-    others -= max(before.counters, after.counters)  # a tick of rounding per counter read
+    others -= 2 * max(cores, 1)  # a tick of rounding per core, in the machine's count and in ours
     return Share(
         others=min(max(others / capacity, 0.0), 1.0),
         steal=min(max((after.steal_ticks - before.steal_ticks) / capacity, 0.0), 1.0),

@@ -71,8 +71,9 @@ def take_rounds(names: list[str], turn: Callable[[str], dict[str, Any] | None], 
         due = [n for n in names if n not in failed and tallies[n].due(policy)]
         if not due:
             return tallies
-        log.info("round %d: %s", round_ + 1, ", ".join(due))
-        for name in due if round_ % 2 == 0 else due[::-1]:
+        order = due if round_ % 2 == 0 else due[::-1]
+        log.info("round %d: %s", round_ + 1, ", ".join(order))
+        for name in order:
             figures = turn(name)
             if figures is None:
                 failed.add(name)
