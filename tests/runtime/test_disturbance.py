@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from scalelab.runtime.disturbance import cpu_ticks, process_ticks, share, snapshot
+from scalelab.study.busy import why_busy
 
 # /proc/stat's first line: user nice system idle iowait irq softirq steal guest guest_nice
 STAT = "cpu  {user} 0 {system} 50000 10 0 {softirq} {steal} 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n"
@@ -35,15 +36,32 @@ def shares(tmp_path, after: dict, before: dict = None, seconds: float = 1.0, cor
 
 
 def test_a_busy_repeat_is_caught(tmp_path):
-    # 1 s on 2 cores (200 ticks): the machine was busy 180 ticks, our rank 60 of them
+    # 1 s on 2 cores (200 ticks): the machine was busy 180 ticks, our rank 60 of them; a tick of
+    # rounding per core, in the machine's count and in ours, is taken off (4 ticks)
     got = shares(tmp_path, {"user": 1150, "system": 230, "utime": 150, "stime": 20})
-    assert got.others == pytest.approx(120 / 200) and got.steal == 0.0 and got.load_1m == 2.5
+    assert got.others == pytest.approx(116 / 200) and got.steal == 0.0 and got.load_1m == 2.5
+    assert why_busy(got.as_dict() | {"repeat_s": 1.0}, max_share=0.25).startswith("others held 58% of the CPU")
 
 
 def test_an_idle_repeat_is_kept(tmp_path):
     # the machine was busy exactly as long as our rank: nobody else ran
     got = shares(tmp_path, {"user": 1080, "system": 220, "utime": 170, "stime": 40})
     assert got.others == pytest.approx(0.0)
+    assert why_busy(got.as_dict(), max_share=0.25) == ""
+
+
+def test_a_short_repeat_is_not_judged_busy_on_the_rounding_of_ticks(tmp_path):
+    # 5 ms on 2 cores is one tick of capacity: the machine's counter moved 4 ticks (one on each core,
+    # at each end), our rank's 0 -- what /proc's rounding does to a few ms of our work, no one else's
+    got = shares(tmp_path, {"user": 1004, "system": 200, "utime": 100, "stime": 10}, seconds=0.005)
+    assert got.others == 0.0 and why_busy(got.as_dict(), max_share=0.25) == ""
+
+
+def test_a_busy_loop_on_one_of_two_cores_is_half_the_machine(tmp_path):
+    # 2 s on 2 cores (400 ticks): another process took a whole core (200 ticks), our rank the other
+    got = shares(tmp_path, {"user": 1400, "system": 200, "utime": 300, "stime": 10}, seconds=2.0)
+    assert got.others == pytest.approx(196 / 400)
+    assert why_busy(got.as_dict(), max_share=0.25) and not why_busy(got.as_dict(), max_share=0.5)
 
 
 def test_steal_is_counted_apart_and_a_vanished_process_counts_nothing(tmp_path):

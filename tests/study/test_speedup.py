@@ -111,7 +111,11 @@ def test_study_outputs_and_mlflow(workdir):
 
 
 def test_changing_one_cell_reruns_only_that_cell(workdir):
-    study(workdir, device="cpu", world_sizes=[1], strategies=["single", "ddp"])
+    # three cells in waves of two warm cells (speedup.max_warm_cells), then the new cell alone
+    first = study(workdir, device="cpu", world_sizes=[1], strategies=["single", "ddp"], max_warm_cells=2)
+    rounds = [line.split("round ")[1] for line in first.stderr.splitlines() if "round " in line]
+    assert rounds[:2] == ["1: single-t1, single-t2", "2: single-t2, single-t1"], rounds
+    assert "1: ddp-w1" in rounds, rounds
     second = study(workdir, device="cpu", world_sizes=[1, 2], strategies=["single", "ddp"])
     measured = [line.split("measuring ")[1].split()[0] for line in second.stderr.splitlines() if "measuring " in line]
     assert measured == ["ddp-w2", "ddp-w2.allreduce"], measured

@@ -6,7 +6,11 @@ import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("kind", choices=["steps", "allreduce"], help="what the cell measures")
+    parser.add_argument(
+        "kind",
+        choices=["steps", "allreduce", "warm"],
+        help="what the cell measures (warm: steps, one timed repeat per command of `scalelab speedup`)",
+    )
     parser.add_argument("--spec", required=True, help="the cell's spec (JSON file)")
     parser.add_argument("--out", required=True, help="the JSON file rank 0 writes the figures to")
 
@@ -15,5 +19,6 @@ def run(args: argparse.Namespace) -> int:
     from scalelab.launch.local import serve_rank
     from scalelab.study import cell
 
-    serve_rank(lambda spec: cell.measure(args.kind, spec), args.spec, args.out)
+    measure = cell.serve if args.kind == "warm" else lambda spec: cell.measure(args.kind, spec)
+    serve_rank(measure, args.spec, args.out)
     return 0

@@ -224,6 +224,15 @@ class SpeedupConfig:
     warmup_steps: int = knob(3, ge=1)
     timed_steps: int = knob(5, ge=1)
     repeats: int = knob(3, ge=1)
+    max_others_cpu_share: float = knob(
+        0.25, gt=0.0, le=1.0, doc="a repeat while other processes (and steal) held more of the cores is busy: retried"
+    )
+    max_retries: int = knob(
+        3, ge=0, doc="extra repeats per cell in place of busy ones; past them busy ones are dropped"
+    )
+    max_warm_cells: int = knob(
+        8, ge=1, doc="cells whose ranks wait warm at once (~0.5 GB per rank); more are measured in waves"
+    )
     work_samples: int = knob(1_000_000, ge=1, doc="the fixed work behind the 'training time' column")
     baseline: Literal["single-t1", "single-all"] = knob("single-t1", doc="the speedup column's baseline")
     interconnects: dict[str, Interconnect] = knob(

@@ -5,7 +5,10 @@ system, irq, softirq; steal apart), the CPU time of our own processes (utime + s
 /proc/<pid>/stat, all of its threads), and the 1-minute load average. Between two snapshots,
 `share(before, after)` is what the others held: (busy - ours) / (elapsed x cores), and the steal
 (time a hypervisor gave to other guests) as a share of the same. It sees one machine: on several
-nodes, rank 0's.
+nodes, rank 0's. /proc charges CPU time by whole ticks (1/HZ s), a tick per CPU to whatever runs
+there, so over a window each CPU's count may be a tick off, both the machine's and ours: the
+others' share is a lower bound, with 2 ticks per core taken off. A repeat of a few milliseconds
+therefore never reads as busy; one of a second or more on 2 cores reads within 2%.
 
     before = snapshot([os.getpid()])
     ...  # the timed work
@@ -69,9 +72,11 @@ def snapshot(pids: list[int], proc: Path = PROC) -> Snapshot:
 
 
 def share(before: Snapshot, after: Snapshot, cores: int, hz: int = HZ) -> Share:
-    """What other processes (and the hypervisor) held of the machine between two snapshots."""
+    """What other processes (at least: the rounding of /proc's ticks taken off) and the
+    hypervisor held of the machine between two snapshots."""
     capacity = max(after.time_s - before.time_s, 1e-9) * hz * max(cores, 1)
     others = (after.busy_ticks - before.busy_ticks) - (after.own_ticks - before.own_ticks)
+    others -= 2 * max(cores, 1)  # a tick of rounding per core, in the machine's count and in ours
     return Share(
         others=min(max(others / capacity, 0.0), 1.0),
         steal=min(max((after.steal_ticks - before.steal_ticks) / capacity, 0.0), 1.0),

@@ -135,7 +135,8 @@ def answers(cfg: SpeedupConfig, frame: pd.DataFrame, cross: pd.DataFrame) -> str
     invalid = frame[frame.status == "invalid"]
     busy = (
         f"Left out of every answer: {len(invalid)} cell(s) measured while other processes held the CPU "
-        f"({', '.join(invalid['name'])}: speedups no core count allows). Rerun on an idle machine.\n"
+        f"({', '.join(invalid['name'])}: speedups no core count allows, or every repeat busy). "
+        "Rerun on an idle machine.\n"
         if len(invalid)
         else ""
     )

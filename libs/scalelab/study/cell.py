@@ -1,7 +1,8 @@
 """What runs inside one speedup-study cell: time training steps, or time all-reduces.
 
-Started by scalelab.study.run through launch.local.run_ranks (one process, or torchrun for ddp),
-or on SLURM as a `CellJob`. By hand:
+Started by scalelab.study.run: as a warm cell (`cell-worker warm`, `serve`: one timed repeat per
+command of the coordinator, launch.warm), or in one go (`cell-worker steps`, `time_steps`: through
+launch.local.run_ranks, or on SLURM as a `CellJob`). By hand:
 
     torchrun --standalone --nproc-per-node 2 -m scalelab.cli cell-worker steps \
         --spec results/speedup/cells/ddp-w2.spec.json --out /tmp/ddp-w2.json
@@ -24,9 +25,11 @@ from typing import Any
 import torch
 
 from scalelab.config import SpeedupConfig, build, strategies
+from scalelab.launch import warm
 from scalelab.runtime import dist, disturbance, memory, seeds
 from scalelab.runtime.device import setup_process
 from scalelab.runtime.repeats import repeat_totals, slowest_rank, timed_repeats
+from scalelab.study import busy
 from scalelab.training import strategy, workloads
 from scalelab.training.loop import Optim, build_loop
 
@@ -59,68 +62,148 @@ def _peak_memory(device: torch.device, baseline: int) -> int:
     return memory.peak_since(baseline)
 
 
-def time_steps(spec: dict[str, Any]) -> dict[str, Any]:
-    """Warm-up, then `repeats` x `timed_steps` timed steps; returns per-repeat figures (rank 0)."""
-    cfg, env, device = _setup(spec)
-    name, world = spec["strategy"], spec["world_size"]
-    memory_base = _start_memory(device)
-    seeds.seed_all(cfg.seed)
-    wl = workloads.load(
-        cfg.workload, cfg.model, input_shape=[cfg.num_features], num_classes=cfg.num_classes, key="speedup"
-    )
-    loop = build_loop(
-        wl,
-        device,
-        strategy_name=name,
-        precision=spec["precision"],
-        optim=Optim(name="sgd", lr=1e-3),
-        compile=spec["compile"],
-        activation_checkpointing=spec.get("activation_checkpointing", False),
-        num_devices=world,
-    )
-    seeds.seed_all(seeds.rank_seed(cfg.seed, env.rank))
-    batch = rank_batch(cfg, name, world, spec["batch_size"])
-    if wl.synthetic_batch:  # the workload's own data (gpt: token ids)
-        pool = [wl.synthetic_batch(batch, device=device) for _ in range(2)]
-    else:
-        features, classes = cfg.num_features, cfg.num_classes
-        pool = [
-            (torch.randn(batch, features, device=device), torch.randint(classes, (batch,), device=device))
-            for _ in range(2)
-        ]
-    first = timed_repeats({"first": lambda i: loop.step([pool[0]])}, repeats=1, steps=1, device=device)  # compiles
-    first_step_s = slowest_rank(repeat_totals(first["first"]))[0]
-    for i in range(1, cfg.warmup_steps):
-        loop.step([pool[i % 2]])
-    pids = dist.all_gather_object(os.getpid())  # ours: what the others took is the rest (rank 0's node)
-    totals, shares = [], []
-    for _ in range(cfg.repeats):  # one repeat at a time, with what other processes took during it
-        before = disturbance.snapshot(pids) if env.is_main else None
-        timed = timed_repeats(
-            {"steps": lambda i: loop.step([pool[i % 2]])}, repeats=1, steps=cfg.timed_steps, device=device
+class Steps:
+    """One cell's ranks, built: warm-up, then timed repeats one at a time (in rounds, when the
+    study interleaves its cells), then the figures that do not change from repeat to repeat."""
+
+    def __init__(self, spec, cfg, env, device, wl, loop, pool, batch, memory_base) -> None:
+        self.spec, self.cfg, self.env, self.device, self.wl = spec, cfg, env, device, wl
+        self.loop, self.pool, self.batch, self.memory_base = loop, pool, batch, memory_base
+        self.first_step_s, self.pids = float("nan"), [os.getpid()]
+
+    @classmethod
+    def build(cls, spec: dict[str, Any]) -> Steps:
+        """Joins the process group, builds the workload and its step, and two synthetic batches."""
+        cfg, env, device = _setup(spec)
+        name, world = spec["strategy"], spec["world_size"]
+        memory_base = _start_memory(device)
+        seeds.seed_all(cfg.seed)
+        wl = workloads.load(
+            cfg.workload, cfg.model, input_shape=[cfg.num_features], num_classes=cfg.num_classes, key="speedup"
         )
-        totals += repeat_totals(timed["steps"])
-        if env.is_main:
-            shares.append(disturbance.share(before, disturbance.snapshot(pids), os.cpu_count() or 1).as_dict())
-    slowest = slowest_rank(totals)  # the slowest rank sets the pace
-    memory = _memory(loop, device, memory_base)
-    num_params = sum(p.numel() for p in wl.model.parameters())  # whole tensors (a DTensor counts all)
-    global_batch = batch * strategies.get(name).processes(world)
-    step_s = statistics.median(slowest) / cfg.timed_steps
+        loop = build_loop(
+            wl,
+            device,
+            strategy_name=name,
+            precision=spec["precision"],
+            optim=Optim(name="sgd", lr=1e-3),
+            compile=spec["compile"],
+            activation_checkpointing=spec.get("activation_checkpointing", False),
+            num_devices=world,
+        )
+        seeds.seed_all(seeds.rank_seed(cfg.seed, env.rank))
+        batch = rank_batch(cfg, name, world, spec["batch_size"])
+        if wl.synthetic_batch:  # the workload's own data (gpt: token ids)
+            pool = [wl.synthetic_batch(batch, device=device) for _ in range(2)]
+        else:
+            features, classes = cfg.num_features, cfg.num_classes
+            pool = [
+                (torch.randn(batch, features, device=device), torch.randint(classes, (batch,), device=device))
+                for _ in range(2)
+            ]
+        return cls(spec, cfg, env, device, wl, loop, pool, batch, memory_base)
+
+    def warmup(self) -> None:
+        """The first step (timed: it compiles) and the rest of the warm-up steps, untimed."""
+        first = timed_repeats(
+            {"first": lambda i: self.loop.step([self.pool[0]])}, repeats=1, steps=1, device=self.device
+        )
+        self.first_step_s = slowest_rank(repeat_totals(first["first"]))[0]
+        for i in range(1, self.cfg.warmup_steps):
+            self.loop.step([self.pool[i % 2]])
+        self.pids = dist.all_gather_object(os.getpid())  # ours: what the others took is the rest (rank 0's node)
+
+    def repeat(self) -> dict[str, float]:
+        """One timed repeat: its time (the slowest rank's) and what other processes took during
+        it (rank 0's machine), the same on every rank."""
+        before = disturbance.snapshot(self.pids) if self.env.is_main else None
+        timed = timed_repeats(
+            {"steps": lambda i: self.loop.step([self.pool[i % 2]])},
+            repeats=1,
+            steps=self.cfg.timed_steps,
+            device=self.device,
+        )
+        took = None
+        if self.env.is_main:
+            took = disturbance.share(before, disturbance.snapshot(self.pids), os.cpu_count() or 1).as_dict()
+        [slowest] = slowest_rank(repeat_totals(timed["steps"]))  # the slowest rank sets the pace
+        return {"repeat_s": slowest, **dist.broadcast_object(took)}
+
+    def figures(self) -> dict[str, Any]:
+        """What does not change per repeat: sizes, batch, first step, memory (a collective)."""
+        num_params = sum(p.numel() for p in self.wl.model.parameters())  # whole tensors (a DTensor counts all)
+        return {
+            "timed_steps": self.cfg.timed_steps,
+            "global_batch": self.batch * strategies.get(self.spec["strategy"]).processes(self.spec["world_size"]),
+            "num_params": num_params,
+            "grad_bytes": 4 * num_params,
+            "first_step_s": self.first_step_s,
+            "compile": bool(self.spec["compile"]),
+            **_memory(self.loop, self.device, self.memory_base),
+            "is_main": self.env.is_main,
+        }
+
+
+def summarize(figures: dict[str, Any], tally: busy.Tally) -> dict[str, Any]:
+    """A cell's result from its fixed figures and its kept (and dropped) repeats. With no repeat
+    kept, the cell is `invalid`: the machine was busy through every repeat it took."""
+    compiled = bool(figures.get("compile"))
+    figures = {k: v for k, v in figures.items() if k not in ("compile", "is_main")}
+    kept, steps = [r["repeat_s"] for r in tally.kept], figures["timed_steps"]
+    dropped = {"dropped": tally.dropped, "disturbance": [busy.share_of(r) for r in tally.kept]}
+    if not kept:
+        return {"status": "invalid", "reason": busy.all_dropped(tally), **figures, **dropped}
+    step_s = statistics.median(kept) / steps
+    first = figures["first_step_s"]
     return {
-        "repeat_s": slowest,
-        "timed_steps": cfg.timed_steps,
-        "global_batch": global_batch,
-        "step_time_ms": [1000.0 * s / cfg.timed_steps for s in slowest],
-        "samples_per_s": [global_batch * cfg.timed_steps / s for s in slowest],
-        "num_params": num_params,
-        "grad_bytes": 4 * num_params,
-        "first_step_s": first_step_s,
-        "compile_s": first_step_s - step_s if spec["compile"] else None,
-        **memory,
-        "disturbance": shares,  # per repeat: others_cpu_share, steal_share, load_1m (rank 0's machine)
-        "is_main": env.is_main,
+        "status": "ok",
+        **figures,
+        "repeat_s": kept,
+        "step_time_ms": [1000.0 * s / steps for s in kept],
+        "samples_per_s": [figures["global_batch"] * steps / s for s in kept],
+        "compile_s": first - step_s if compiled else None,
+        **dropped,  # disturbance, per kept repeat: others_cpu_share, steal_share, load_1m (rank 0's machine)
     }
+
+
+def time_steps(spec: dict[str, Any]) -> dict[str, Any]:
+    """Warm-up, then timed repeats of this one cell until `repeats` were kept (busy ones retried
+    or dropped as study.busy says); the cell's result (on every rank; `is_main` on rank 0)."""
+    steps = Steps.build(spec)
+    steps.warmup()
+    tally = busy.take_rounds(["cell"], lambda _: steps.repeat(), busy.Policy.of(steps.cfg))["cell"]
+    figures = steps.figures()
+    return {**summarize(figures, tally), "is_main": figures["is_main"]}
+
+
+def serve(spec: dict[str, Any]) -> dict[str, Any]:
+    """A warm cell (launch.warm): builds, then answers the coordinator's commands -- "warmup",
+    "repeat" (one timed repeat), "done" -- and returns its fixed figures (rank 0's `is_main`).
+    The cell's model is gone before the rank leaves its process group (see `measure`)."""
+    figures = _answer_commands(spec)
+    dist.shutdown()
+    return {**figures, "ended_ms": int(time.time() * 1000)}
+
+
+def _answer_commands(spec: dict[str, Any]) -> dict[str, Any]:
+    steps = Steps.build(spec)
+    channel = warm.Channel.connect(spec["channel"], steps.env.rank)
+    started_ms = int(time.time() * 1000)
+    try:
+        for cmd in channel:
+            if cmd["do"] == "warmup":
+                started_ms = int(time.time() * 1000)
+                steps.warmup()
+                channel.answer({})
+            elif cmd["do"] == "repeat":
+                channel.answer(steps.repeat())
+            elif cmd["do"] == "done":
+                figures = steps.figures()
+                channel.answer({})
+                return {**figures, "started_ms": started_ms}
+        raise RuntimeError("the coordinator went away before it said done")
+    finally:
+        channel.close()
 
 
 def _memory(loop, device: torch.device, baseline: int) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from scalelab.config import SpeedupConfig
-from scalelab.study import comm_model
+from scalelab.study import busy, comm_model
 from scalelab.study.bootstrap import ratio_of_medians as bootstrap_ratio  # the speedups' intervals
 
 COLUMNS = [
@@ -54,6 +54,9 @@ COLUMNS = [
     "predicted_efficiency",
     "noisy",
     "others_cpu_share_max",
+    "repeats_kept",
+    "repeats_dropped",
+    "dropped_why",
     "compile_s",
     "break_even_steps",
     "peak_mem_bytes_per_rank",
@@ -136,6 +139,7 @@ def _row(cfg: SpeedupConfig, cell: Any, res: dict[str, Any]) -> dict[str, Any]:
         "status": res["status"],
         "reason": res.get("reason", ""),
         "cached": res.get("cached", False),
+        **_repeats(res),
     }
     if res["status"] != "ok":
         return row
@@ -151,12 +155,25 @@ def _row(cfg: SpeedupConfig, cell: Any, res: dict[str, Any]) -> dict[str, Any]:
         step_time_ms_max=max(step),
         train_time_s=cfg.work_samples / statistics.median(sps),
         noisy=bool(spread(sps) > NOISY_SPREAD),
-        others_cpu_share_max=max((d["others_cpu_share"] for d in res.get("disturbance") or []), default=NAN),
         compile_s=NAN if compile_s is None else float(compile_s),
         mem_kind=res.get("mem_kind", ""),
         **{k: NAN if res.get(k) is None else float(res[k]) for k in MEMORY},
     )
     return row
+
+
+def _repeats(res: dict[str, Any]) -> dict[str, Any]:
+    """How many repeats were kept and dropped (busy: study.busy), and what others took at most."""
+    if res["status"] not in ("ok", "invalid"):
+        return {}
+    dropped = res.get("dropped") or []
+    taken = [*(res.get("disturbance") or []), *dropped]
+    return {
+        "repeats_kept": len(res.get("samples_per_s") or []),
+        "repeats_dropped": len(dropped),
+        "dropped_why": busy.dropped_summary(dropped),
+        "others_cpu_share_max": max((d["others_cpu_share"] for d in taken), default=NAN),
+    }
 
 
 def table(cfg: SpeedupConfig, cells: list, results: dict[str, dict], link: comm_model.Link | None) -> pd.DataFrame:

@@ -32,6 +32,7 @@ REPORT_KEYS = (
     "interconnects",
     "predict_world_sizes",
     "work_samples",
+    "max_warm_cells",  # how many cells wait warm together: the waves, not a cell's measurement
 )
 
 

@@ -97,9 +97,17 @@ def cells_table(frame: pd.DataFrame) -> pd.DataFrame:
     shown["peak_mem_mib"] = frame.peak_mem_bytes_per_rank / MIB
     state = frame.param_bytes_per_rank + frame.grad_bytes_per_rank + frame.optim_bytes_per_rank
     shown["state_mib"] = state / MIB
+    shown["repeats"] = [_repeats_shown(row) for _, row in frame.iterrows()]
     for column in ("status", "reason", "cached"):
         shown[column] = frame[column]
     return shown
+
+
+def _repeats_shown(row: pd.Series) -> str:
+    """'3 kept' or '2 kept, 1 busy: others held 52% of the CPU (> 25%)' (study.busy)."""
+    if row.repeats_kept != row.repeats_kept:  # not measured
+        return ""
+    return f"{int(row.repeats_kept)} kept" + (f", dropped {row.dropped_why}" if row.dropped_why else "")
 
 
 def batch_shown(batch: pd.DataFrame) -> pd.DataFrame:
@@ -121,9 +129,9 @@ def headline(cfg: SpeedupConfig, frame: pd.DataFrame) -> dict[str, Any]:
         taken = frame.others_cpu_share_max.max()
         took = f"up to {taken:.0%} of the CPU" if taken == taken else "the CPU"
         return {
-            "headline": f"not measured: {len(invalid)} of {len(ref)} cells of the article's table had "
-            f"impossible speedups ({', '.join(invalid['name'])}): other processes took {took} during the "
-            "study; rerun on an idle machine",
+            "headline": f"not measured: {len(invalid)} of {len(ref)} cells of the article's table were "
+            f"measured while the machine was busy ({', '.join(invalid['name'])}: impossible speedups or every "
+            f"repeat busy): other processes took {took} during the study; rerun on an idle machine",
             "baseline": cfg.baseline,
             "scaling": cfg.scaling,
         }
@@ -132,6 +140,7 @@ def headline(cfg: SpeedupConfig, frame: pd.DataFrame) -> dict[str, Any]:
         return {"headline": "no ddp cell was measured", "baseline": cfg.baseline, "scaling": cfg.scaling}
     top = ddp.iloc[-1]
     noisy = any(is_noisy(v) for v in [top.noisy, *seed_singles(frame, cfg.batch_sizes[0]).noisy])
+    dropped = int(ref.repeats_dropped.fillna(0).sum())
     return {
         "ddp_world_size": int(top.world_size),
         "ddp_speedup": float(top.speedup),
@@ -148,7 +157,9 @@ def headline(cfg: SpeedupConfig, frame: pd.DataFrame) -> dict[str, Any]:
         "headline": f"ddp x{int(top.world_size)}: {top.speedup:.2f}x [{top.speedup_ci_low:.2f}, "
         f"{top.speedup_ci_high:.2f}] vs {cfg.baseline}, efficiency {top.efficiency:.2f} "
         f"[{top.efficiency_ci_low:.2f}, {top.efficiency_ci_high:.2f}] ({cfg.scaling} scaling)"
-        + (", noisy: the repeats spread by more than 10%" if noisy else ""),
+        + (", noisy: the repeats spread by more than 10%" if noisy else "")
+        + (f"; {dropped} busy repeats dropped (speedup.md: All cells)" if dropped else ""),
+        "repeats_dropped": dropped,
     }
 
 
@@ -194,7 +205,10 @@ def method(cfg: SpeedupConfig) -> str:
             f"The article's table is at the first of each: batch {cfg.batch_sizes[0]}, {cfg.precisions[0]}, "
             f"compile {str(cfg.compile[0]).lower()}.",
             f"- {cfg.warmup_steps} warm-up steps excluded, then {cfg.repeats} repeats of {cfg.timed_steps} "
-            "timed steps; median and min..max over repeats; the slowest rank sets each repeat's time.",
+            "timed steps, taken in rounds (one repeat of every cell per round); median and min..max over "
+            "repeats; the slowest rank sets each repeat's time. A repeat during which other processes (and "
+            f"steal) held more than {cfg.max_others_cpu_share:.0%} of the cores is busy: the cell takes another "
+            f"in a later round, up to {cfg.max_retries} more, and busy repeats are dropped (column `repeats`).",
             "- Intervals [low, high] are bootstrap 95% intervals of the ratio of medians: the cell's and the "
             "baseline's per-repeat samples/s resampled independently (fixed seed). A cell is `noisy` when its "
             "repeats spread by more than 10% ((max - min) / median of samples/s).",

@@ -7,9 +7,12 @@ measurement params, the code of every folder the DVC stage `speedup` depends on,
 changing one cell reruns that cell only, and results of other code or params stay beside it. The
 cache (`cells_dir`) lives in the main repository, not in `--out`: a DVC experiment run in a
 temporary copy (`dvc exp run --queue`, `--temp`) finds the cells its baseline measured and
-measures none again unless its own `speedup.*`, code or hardware differ. Cells run one after
-another here, and one study at a time measures into a cache (timings must not overlap);
-`measure` takes the whole list so that the SLURM backend can submit them together.
+measures none again unless its own `speedup.*`, code or hardware differ. Here, the cells not
+cached are measured together in rounds (`run_interleaved`, study.busy): their ranks start once and
+stay warm, and one timed repeat of every cell is taken per round, one cell at a time, so that load
+which comes and goes touches every cell alike; busy repeats are retried or dropped. On SLURM each
+cell is one job that takes all its repeats (busy ones retried the same way), the jobs one after
+another. One study at a time measures into a cache (timings must not overlap).
 """
 
 from __future__ import annotations
@@ -21,14 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.config import Params, strategies, to_dict
-from scalelab.launch import slurm
+from scalelab.launch import slurm, warm
 from scalelab.launch.local import LaunchError, run_ranks
 from scalelab.launch.shape import Capacity, local_capacity
 from scalelab.runtime.io import atomic_write_json
 from scalelab.runtime.lock import FolderLock
 from scalelab.runtime.paths import stage_code_digest, store_root
-from scalelab.study import report
-from scalelab.study.cell import CellJob
+from scalelab.study import busy, report
+from scalelab.study.cell import CellJob, summarize
 from scalelab.study.plan import Cell, cell_key, plan
 from scalelab.tracking import provenance
 
@@ -49,12 +52,67 @@ def run_cell(kind: str, cell: Cell, spec: dict[str, Any], folder: Path) -> dict[
             spec,
             folder,
             stem,
-            nproc=cell.world_size if strategies.get(cell.strategy).distributed else None,
+            nproc=_nproc(cell),
             threads_per_process=cell.threads_per_process,
         )
     except LaunchError as exc:
         return {"status": "failed", "reason": str(exc)[:500]}
     return {"status": "ok", **result}
+
+
+def run_interleaved(params: Params, cells: list[Cell], folder: Path) -> list[dict[str, Any]]:
+    """Measures `cells` here, their repeats in rounds (study.busy): every cell's ranks start once
+    and stay warm between rounds (launch.warm); warm-ups and repeats run one cell at a time. At
+    most `speedup.max_warm_cells` cells are alive at once (each rank holds torch in memory): more
+    are measured in waves of that many. Returns one result per cell, in order."""
+    size = params.speedup.max_warm_cells
+    return [r for i in range(0, len(cells), size) for r in _interleave(params, cells[i : i + size], folder)]
+
+
+def _interleave(params: Params, cells: list[Cell], folder: Path) -> list[dict[str, Any]]:
+    failed: dict[str, str] = {}
+    with warm.Coordinator.open() as coord:
+
+        def turn(name: str, do: str = "repeat") -> dict[str, Any] | None:
+            try:
+                return coord.command(name, {"do": do})
+            except warm.GroupFailed as exc:
+                failed[name] = str(exc)
+                return None
+
+        for c in cells:
+            log.info("measuring %s", c.name)
+            coord.start(
+                c.name,
+                ["cell-worker", "warm"],
+                _spec(params, c),
+                folder,
+                nproc=_nproc(c),
+                threads_per_process=c.threads_per_process,
+            )
+        failed.update(coord.wait_connected())
+        for c in cells:  # one warm-up at a time: its first step is timed (compile cost)
+            if c.name not in failed:
+                turn(c.name, "warmup")
+        tallies = busy.take_rounds(
+            [c.name for c in cells if c.name not in failed], turn, busy.Policy.of(params.speedup)
+        )
+        results = {}
+        for c in cells:
+            try:
+                figures = coord.finish(c.name) if c.name not in failed else None
+            except warm.GroupFailed as exc:
+                failed[c.name] = str(exc)
+            if c.name in failed:
+                results[c.name] = {"status": "failed", "reason": failed[c.name][:500]}
+            else:
+                results[c.name] = summarize(figures, tallies[c.name])
+    return [results[c.name] for c in cells]
+
+
+def _nproc(cell: Cell) -> int | None:
+    """Ranks under torchrun for a distributed strategy; None: one plain process."""
+    return cell.world_size if strategies.get(cell.strategy).distributed else None
 
 
 def run_slurm_cells(params: Params, items: list[tuple[str, Cell, dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -87,10 +145,15 @@ def run_slurm_cells(params: Params, items: list[tuple[str, Cell, dict[str, Any]]
 
 
 def measure(params: Params, items: list[tuple[str, Cell, dict[str, Any]]], folder: Path) -> list[dict[str, Any]]:
-    """Runs (kind, cell, spec) items: one after another here, or submitted together to SLURM."""
+    """Runs (kind, cell, spec) items: submitted together to SLURM (each cell's repeats in one job),
+    or here: steps cells interleaved in rounds (`run_interleaved`), the all-reduce benchmark alone."""
     if params.speedup.launcher == "slurm":
         return run_slurm_cells(params, items)
-    return [run_cell(kind, cell, spec, folder) for kind, cell, spec in items]
+    steps = [cell for kind, cell, _ in items if kind == "steps"]
+    interleaved = dict(zip([c.name for c in steps], run_interleaved(params, steps, folder) if steps else []))
+    return [
+        interleaved[cell.name] if kind == "steps" else run_cell(kind, cell, spec, folder) for kind, cell, spec in items
+    ]
 
 
 def run_pending(params: Params, cells: list[Cell], folder: Path, keys: dict[str, str]) -> dict[str, dict]:
