@@ -35,6 +35,7 @@ SMALL = {  # the default workload; ~0.1 s per step on a core, so a repeat spans 
 }
 BUSY_FROM_ROUND = REPEATS // 2 + 1  # the busy loop starts as this round starts
 LOOP = "import time\nwhile True:\n    pass\n"
+MAX_OTHERS_SHARE = 0.25  # speedup.max_others_cpu_share's default: the share of the cores a repeat may lose
 
 
 def study(folder, busy_from_round: int | None = None) -> tuple[dict, pd.DataFrame, str]:
@@ -95,9 +96,13 @@ def test_a_study_that_turns_busy_halfway_states_the_idle_headline_or_withholds_i
     for head, frame, log in ((idle, idle_frame, idle_log), (busy, busy_frame, busy_log)):
         assert_no_impossible_speedup(frame, log)
         assert_stated_or_withheld(head, log)
-    # the busy loop was seen: some repeat of the busy study ran beside it, and was dropped or withheld
-    assert busy_frame.others_cpu_share_max.max() >= 0.3, (busy_frame.others_cpu_share_max, output_tail(busy_log))
-    measured = busy_frame[busy_frame.status.isin(["ok", "invalid"])]
-    assert (measured.repeats_dropped > 0).any(), (measured[["repeats_kept", "repeats_dropped", "dropped_why"]],)
+    # the busy loop was seen: some repeat of the busy study ran beside it (one core of the machine's:
+    # 0.5 of 2 cores), and where one core is over the share a repeat may take, it was dropped
+    one_core = 1 / (os.cpu_count() or 1)
+    seen = busy_frame.others_cpu_share_max.max()
+    assert seen >= 0.6 * one_core, (busy_frame.others_cpu_share_max, output_tail(busy_log))
+    if one_core > MAX_OTHERS_SHARE:
+        measured = busy_frame[busy_frame.status.isin(["ok", "invalid"])]
+        assert (measured.repeats_dropped > 0).any(), (measured[["repeats_kept", "repeats_dropped", "dropped_why"]],)
     if "ddp_speedup" in idle and "ddp_speedup" in busy:
         assert busy["ddp_speedup"] == pytest.approx(idle["ddp_speedup"], rel=0.15), (idle["headline"], busy["headline"])
