@@ -106,9 +106,9 @@ def test_queued_and_temp_experiments_keep_their_runs_and_measure_no_cell(repo):
 
     shown = json.loads(run_cli("dvc", "exp", "show", "--json", cwd=repo).stdout)
     exps = {e["name"]: e["revs"][0]["data"] for row in shown for e in (row.get("experiments") or [])}
-    base_speedup = json.loads((repo / "results/speedup/speedup.json").read_text())["ddp_speedup"]
+    base_speedup = json.loads((repo / "results/speedup/speedup.json").read_text())  # stated, or withheld (busy)
     for name in ("lr2", "lr4"):
-        assert exps[name]["metrics"]["results/speedup/speedup.json"]["data"]["ddp_speedup"] == base_speedup
+        assert exps[name]["metrics"]["results/speedup/speedup.json"]["data"] == base_speedup
     # each experiment's own params and metrics, as `dvc exp show` and `dvc metrics diff` read them
     assert exps["lr2"]["params"]["params.yaml"]["data"]["train"]["lr"] == 0.002
     accuracy = exps["lr2"]["metrics"]["results/eval/metrics.json"]["data"]["test_accuracy"]
