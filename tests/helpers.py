@@ -30,6 +30,9 @@ def tiny_params(**sections: dict[str, Any]) -> dict[str, Any]:
         untimed_steps=2,
         model={"hidden": [32], "dropout": 0.1},
     )
+    # tests run beside other tests (xdist workers on a shared machine): a study that is not about
+    # disturbance keeps every repeat; tests/study/test_busy*.py set the share they test
+    params["speedup"]["max_others_cpu_share"] = 1.0
     return merge(params, sections)
 
 

@@ -13,6 +13,7 @@ while the workspace holds its data); the gpt command has its own; the queued one
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shlex
@@ -81,6 +82,11 @@ def test_the_readme_commands_were_found():
 
 @pytest.mark.parametrize("commands", GROUPS, ids=[" ; ".join(" ".join(a) for a in g)[:60] for g in GROUPS])
 def test_readme_experiments_reproduce(tmp_path, commands):
+    with contextlib.ExitStack() as stack:
+        run_group(tmp_path, commands, stack)
+
+
+def run_group(tmp_path: Path, commands: list[list[str]], stack: contextlib.ExitStack) -> None:
     repo = copy_repo(tmp_path / "repo")
     shipped = (repo / "params.yaml").read_text()
     shortened = re.sub(r"(?m)^(  epochs: )30\b", r"\g<1>2", shipped)
@@ -89,6 +95,12 @@ def test_readme_experiments_reproduce(tmp_path, commands):
     subprocess.run([*GIT, "commit", "-qam", "2 epochs"], cwd=repo, check=True)
     if any("data/raw/stdlib" in a for args in commands for a in args):
         small_corpus(repo / "data/raw/stdlib")
+    if any("train.checkpoint_dir=store" in a for args in commands for a in args):  # as `make store` does
+        from scalelab.storage import write_remote
+        from services import s3_server
+
+        server = stack.enter_context(s3_server(tmp_path / "store"))
+        write_remote(repo, server.store("lab"), local=True)  # .dvc/config.local: ignored, no diff
 
     client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
     if commands != QUEUED:  # each in the workspace, reproduced while the workspace holds its data

@@ -93,8 +93,8 @@ def test_tpe_with_median_pruning_on_a_job_array(workdir, prepared_digits, slurm_
     jobs = [e["job_id"] for e in manifest["elements"]]
     # submit returned while the array was still queued or running: it does not wait for the search
     # (an event, not a time limit: under load the submit itself may take a minute; as test_sweep.py)
+    # (the trials' count is no proof: eight small trials may all end while the elements are still queued)
     assert slurm_queued(jobs, slurm_cluster)
-    assert len([t for t in study_of(workdir / "results/sweeps/tpe").trials if t.state.is_finished()]) < 8
     summary, client, parent = collect_until_done(workdir, slurm_cluster, "tpe", jobs=jobs)
     print(summary.to_string())  # shown with `pytest -rP`
     assert len(summary) == 8 and sorted(summary.trial) == list(range(8)), summary.to_string()
