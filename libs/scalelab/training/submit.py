@@ -187,10 +187,9 @@ def run_worker(resolved: str | Path, data_dir: str | Path, out_dir: str | Path) 
     raise_on_sigterm()
     lifeline.exit_with_torchrun()
     params, plan = read_resolved(resolved)
-    try:
-        return job.run(params, plan, data_dir, out_dir)
-    finally:
-        dist.shutdown()
+    summary = job.run(params, plan, data_dir, out_dir)
+    dist.shutdown()  # after a job that ended normally only: a rank being stopped (SIGTERM, a dead peer)
+    return summary  # must not wait in destroy_process_group for peers that are gone
 
 
 def run_slurm(
@@ -240,10 +239,8 @@ class TrainJob:
         requeue = signal.getsignal(signal.SIGUSR2)  # submitit's: checkpoint() + scontrol requeue
         stop = StopFlag().arm(signal.SIGUSR2)  # ours: only sets a flag; the loop acts on it
         params, plan = read_resolved(self.resolved)
-        try:
-            summary = job.run(params, plan, self.data_dir, self.out_dir, stop=stop)
-        finally:
-            dist.shutdown()  # NCCL's communicators end here, not at interpreter exit
+        summary = job.run(params, plan, self.data_dir, self.out_dir, stop=stop)
+        dist.shutdown()  # NCCL's communicators end here, not at interpreter exit (a failed job just exits)
         rank = int(os.environ["RANK"])
         if summary["preempted"]:
             if rank == 0 and callable(requeue):
