@@ -3,26 +3,18 @@ that are not in the best third at a rung (1, 3, 9 ... validations) are stopped t
 fewer steps than the trials that go on."""
 
 import json
-import subprocess
 
 import optuna
 import pytest
+from test_search import local_search_repo
 
-from helpers import run_cli, tiny_params, write_params
+from helpers import run_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_a_local_search_with_halving_prunes_the_trials_outside_the_best_third(repo_copy):
-    params = tiny_params(
-        train={"strategy": "single", "nproc_per_node": 1, "optimizer": "sgd", "epochs": 2},
-        tracking={"system_metrics_interval_s": 0},
-        sweep={"launcher": "local", "heartbeat_timeout_s": 60, "evaluate": False},
-    )
-    write_params(repo_copy / "params.yaml", params)
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@e"]
-    subprocess.run([*git, "commit", "-qam", "tiny params"], cwd=repo_copy, check=True)
-    run_cli("prepare", "--params", "params.yaml", "--out", "data/prepared", cwd=repo_copy)
+    local_search_repo(repo_copy)
     run_cli(
         "sweep", "submit", "--name", "sha", "--method", "random", "--trials", "6", "--parallel", "1",
         "--objective", "val_loss:min", "--pruner", "halving", "-S", "train.lr=loguniform(1e-6,0.3)",

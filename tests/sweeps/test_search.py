@@ -22,7 +22,8 @@ def study_of(folder):
     return optuna.load_study(study_name=folder.name, storage=open_storage(str(folder / "optuna.journal")))
 
 
-def test_four_parallel_local_workers_lose_no_trial_and_the_best_reproduces(repo_copy):
+def local_search_repo(repo_copy) -> None:
+    """The copy with tiny params for a local search (single, sgd, 2 epochs), committed and prepared."""
     params = tiny_params(
         train={"strategy": "single", "nproc_per_node": 1, "optimizer": "sgd", "epochs": 2},
         tracking={"system_metrics_interval_s": 0},
@@ -32,6 +33,10 @@ def test_four_parallel_local_workers_lose_no_trial_and_the_best_reproduces(repo_
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@e"]
     subprocess.run([*git, "commit", "-qam", "tiny params"], cwd=repo_copy, check=True)
     run_cli("prepare", "--params", "params.yaml", "--out", "data/prepared", cwd=repo_copy)
+
+
+def test_four_parallel_local_workers_lose_no_trial_and_the_best_reproduces(repo_copy):
+    local_search_repo(repo_copy)
     out = run_cli(
         "sweep", "submit", "--name", "lr", "--method", "tpe", "--trials", "8", "--parallel", "4",
         "--objective", "val_accuracy:max", "--pruner", "none",

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import os
 import shutil
 import subprocess
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.bench import stats
-from scalelab.runtime.io import atomic_write_json
+from scalelab.runtime.io import atomic_write_json, file_digests
 from scalelab.storage import server, write_remote
 
 METHOD = """\
@@ -60,11 +59,7 @@ def timed(work: Callable[[], object]) -> float:
 
 
 def md5_of(path: Path) -> str:
-    digest = hashlib.md5()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return file_digests(path, "md5")[0]
 
 
 def random_file(path: Path, size_mb: int) -> None:
