@@ -147,6 +147,10 @@ def run(bench: Benchmark, args: argparse.Namespace, out: Path) -> dict[str, Any]
 # ---- repeats, in a rank or in the benchmark's own process ----
 
 
+class MachineBusy(RuntimeError):
+    """Every repeat was busy (retries included): the benchmark states no figure."""
+
+
 @dataclass
 class Repeats:
     kept: list[Any]  # each kept repeat's value
@@ -177,7 +181,11 @@ def _snapshot(pids: list[int]) -> disturbance.Snapshot:
 def take_repeats(take: Callable[[int], Any], policy: dict[str, Any], pids: list[int] = ()) -> Repeats:
     """Takes repeats, `take(i)` each (every rank together), until `policy["repeats"]` were kept:
     a busy one (study.busy) is retried, up to `max_retries` extra, then dropped. Rank 0 measures
-    the disturbance (its machine), and every rank makes the same choice. A collective."""
+    the disturbance (its machine), and every rank makes the same choice. A collective.
+
+    Raises:
+        MachineBusy: no repeat was kept; the message says how busy the machine was.
+    """
     env = dist.read_env()
     ours = [*dist.all_gather_object(os.getpid()), *pids]
     values: list[Any] = []
@@ -189,6 +197,8 @@ def take_repeats(take: Callable[[int], Any], policy: dict[str, Any], pids: list[
         return {"index": len(values) - 1, **dist.broadcast_object(took)}
 
     tally = busy.take_rounds(["bench"], turn, busy.Policy(**policy))["bench"]
+    if not tally.kept:  # no figure: the machine was busy through every repeat (the study's "invalid")
+        raise MachineBusy(busy.all_dropped(tally))
     dropped = [{**busy.share_of(d), "reason": d["reason"], "max_share": d["max_share"]} for d in tally.dropped]
     return Repeats([values[r["index"]] for r in tally.kept], [busy.share_of(r) for r in tally.kept], dropped)
 

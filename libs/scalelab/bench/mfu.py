@@ -19,22 +19,17 @@ from scalelab.bench.harness import Goal, opt
 from scalelab.runtime.repeats import timed_repeats
 
 METHOD = """\
-One process times the training step of experiments/gpt.py (scalelab.training.loop.build_loop +
-Loop.step, strategy single: forward, next-token cross-entropy, backward, AdamW step) on two of the
-workload's synthetic token batches, already on the device, alternating. Warm-up steps are not
-timed; each repeat times `--steps` steps (CUDA synchronized before and after) and gives a step
-time; the figure is the median over `--repeats` repeats. FLOPs per step, analytic:
-(6*N + 12*n_layer*d_model*seq) * batch*seq, the standard estimate (Kaplan et al. 2020; PaLM's
-6N + 12LHQT), where N counts the parameters that take part in matrix products, i.e. all but the
-token and position embeddings (lookups; the LM head is untied and counted), and attention is
-counted over the full (not causal-halved) score matrix. Cross-check: one more step under
-torch.utils.flop_counter.FlopCounterMode (matrix products and attention; the CPU attention kernels
-added with torch's own SDPA formulas; its flash-style backward counts an extra QK^T, so it reads a
-few percent high). Achieved FLOP/s = analytic FLOPs per step / median step time. MFU = achieved /
-peak: the peak is --peak-tflops when given, else on CUDA the dense bf16 tensor-core peak of the
-device by name (PEAK_TFLOPS_BF16; bf16 only), else unknown and MFU is null. The goal is MFU >=
-30% ( the low end of the 33-39% torchtitan reports for Llama 3.1 8B on H100); the verdict
-is that comparison of the MFU (`meets_goal`; null, "not measured", without a peak).
+One process times the training step of experiments/gpt.py (Loop.step, strategy single: forward,
+next-token cross-entropy, backward, AdamW) on two synthetic token batches on the device. Warm-up
+steps untimed; each repeat times `--steps` steps (CUDA synchronized around them); busy repeats
+are retried or dropped; the figure is the median step. FLOPs per step, analytic:
+(6*N + 12*n_layer*d_model*seq) * batch*seq (Kaplan et al. 2020; PaLM's 6N + 12LHQT), N the
+parameters in matrix products (not the embeddings; the untied head counted), attention over the
+full score matrix. Cross-check: one step under torch.utils.flop_counter.FlopCounterMode (it reads
+a few percent high). Achieved FLOP/s = analytic FLOPs / median step. MFU = achieved / peak: the
+peak is --peak-tflops, else on CUDA in bf16 the device's dense peak by name (PEAK_TFLOPS_BF16),
+else unknown and MFU null ("not measured"). The goal is MFU >= 30% (the low end of the 33-39%
+torchtitan reports for Llama 3.1 8B on H100); the verdict is that comparison (`meets_goal`).
 """
 OUT_FILE = "mfu.json"
 GOAL = Goal(">=", 0.30, "MFU >= 30%")  # of the peak: the low end of what torchtitan reports on H100 (33-39%)

@@ -22,24 +22,16 @@ from scalelab.runtime.repeats import slowest_rank, timed_repeats
 from scalelab.training import schedule
 
 METHOD = """\
-The study's default workload (params.yaml `speedup`: model, features, classes, per-rank batch,
-seed, fp32) on CPU with 1 torch thread per process. Two arms, built in the same process(es) from
-the same seed, fed the same two synthetic batches (already in memory), alternating:
-- `engine`: scalelab.training.loop.build_loop + Loop.step (what `scalelab train` and the study
-  time), SGD lr 1e-3 momentum 0.9 (the study's optimizer), gradient clipping at norm `clip` and a
-  warm-up + cosine LR schedule (train.grad_clip_norm, train.lr_schedule);
-- `plain`: scalelab.bench.plain_loop, a hand-written loop that imports nothing from scalelab
-  (nn.Sequential MLP, torch.optim.SGD, F.cross_entropy, backward, clip_grad_norm_, step, a
-  LambdaLR with the same formula; DDP, or FSDP2's fully_shard of each layer, when the process
-  group is up).
-Strategies: `single` (one process), `ddp` and `fsdp` (torchrun, `--nproc` processes, gloo). Each
-repeat runs `--steps` steps of each arm interleaved step by step (engine, plain, plain, engine,
-...: the order alternates), each step timed after a barrier; a repeat's time per arm is the sum
-over its steps, taken on the slowest rank. Busy repeats are retried or dropped (study.busy). The
-figure is the median over repeats of engine/plain per-repeat step time, with a percentile
-bootstrap 95% interval (2000 resamples of whole repeats, seed 0). Weights: fresh arms from the
-seed run `--check-steps` steps on the same batches and the same dropout RNG state; every
-parameter and buffer is compared bit for bit on every rank (`bitwise_identical`).
+The study's default workload (params.yaml `speedup`) on CPU, 1 thread per process. Two arms built
+from the same seed in the same process(es), fed the same two synthetic batches: `engine`
+(build_loop + Loop.step: SGD lr 1e-3 momentum 0.9, clipping at norm `clip`, warm-up + cosine LR)
+and `plain` (scalelab.bench.plain_loop, written by hand, importing nothing from scalelab; DDP, or
+FSDP2's fully_shard of each layer, when the process group is up). Strategies `single`, `ddp` and
+`fsdp` (torchrun, `--nproc` gloo processes). Each repeat runs `--steps` steps of each arm
+interleaved step by step (the order alternating), each after a barrier, on the slowest rank;
+busy repeats are retried or dropped. The figure: the median over repeats of engine/plain step
+time with a bootstrap 95% interval over repeats. Weights: fresh arms run `--check-steps` steps on
+the same batches and dropout RNG; every parameter and buffer is compared bit for bit on every rank.
 """
 GOAL = Goal("<=", 1.01, "<= 1.01 and identical")
 CLIP = 0.5  # below the gradient norms of this workload: the clipping scales every step

@@ -96,18 +96,6 @@ def ratio_figures(arm: Sequence[float], reference: Sequence[float]) -> dict[str,
     }
 
 
-def status_text(met: bool | None) -> str:
-    """'met', 'not met', or 'not measured' (None)."""
-    return "not measured" if met is None else ("met" if met else "not met")
-
-
-def summary_line(name: str, text: str, goal: Goal, met: bool | None) -> str:
-    """The one line of summary.md for figure `name`."""
-    if not name or any(c in name for c in ":\n") or "\n" in text + str(goal):
-        raise ValueError(f"summary line needs a name without ':' and single-line texts: {name!r}")
-    return f"- {name}: {text}; goal {goal}: {status_text(met)}"
-
-
 def write_figure(out_dir: Path, name: str, text: str, value: Any, goal: Goal, also: bool = True) -> str:
     """Puts figure `name`'s line, its verdict `goal.met(value, also)`, into `<out_dir>/summary.md`
     (replacing its old line, keeping the others); returns the line.
@@ -115,15 +103,15 @@ def write_figure(out_dir: Path, name: str, text: str, value: Any, goal: Goal, al
     Args:
         out_dir: the benchmark output folder (results/bench).
         name: the figure's name, unique across benchmarks (e.g. "parity_ddp").
-        text: the measured figure with its units.
-        value: what the goal judges (None: not measured).
-        goal: the goal.
+        text: the measured figure with its units; value: what the goal judges (None: not measured).
         also: a further condition of the verdict (e.g. bitwise identical weights).
     """
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / SUMMARY_FILE
-    line = summary_line(name, text, goal, goal.met(value, also))
+    if not name or any(c in name for c in ":\n") or "\n" in text + str(goal):
+        raise ValueError(f"summary line needs a name without ':' and single-line texts: {name!r}")
+    met = goal.met(value, also)
+    line = f"- {name}: {text}; goal {goal}: {'not measured' if met is None else 'met' if met else 'not met'}"
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    path = Path(out_dir) / SUMMARY_FILE
     prefix = f"- {name}: "
     lines = path.read_text().splitlines() if path.exists() else []  # benchmarks run one at a time
     if any(old.startswith(prefix) for old in lines):
@@ -139,8 +127,3 @@ def read_summary(out_dir: Path) -> dict[str, str]:
     path = Path(out_dir) / SUMMARY_FILE
     lines = path.read_text().splitlines() if path.exists() else []
     return {line[2:].split(":", 1)[0]: line for line in lines if line.startswith("- ")}
-
-
-def write_summary_line(out_dir: Path, name: str, text: str, goal_text: str, met: bool | None) -> str:
-    """TEMP: the old writer, for benchmarks not yet declared through the harness."""
-    return write_figure(out_dir, name, text, None if met is None else bool(met), Goal("is", True, goal_text))

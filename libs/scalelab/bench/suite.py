@@ -45,20 +45,19 @@ OUT_HELP = "the folder for the benchmark's JSON file and summary.md (default: re
 
 
 def benchmark(name: str) -> harness.Benchmark:
-    return importlib.import_module(f"scalelab.bench.{MODULES[name]}").__dict__.get("BENCH")
+    return importlib.import_module(f"scalelab.bench.{MODULES[name]}").BENCH
+
+
+def title(name: str) -> str:
+    """The first line of the benchmark's module docstring."""
+    return (importlib.import_module(f"scalelab.bench.{MODULES[name]}").__doc__ or "").split("\n")[0]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="name", required=True)
     for name in MODULES:
         bench = benchmark(name)
-        if bench is None:  # TEMP: a module not yet declared through the harness
-            module = importlib.import_module(f"scalelab.bench.{MODULES[name]}")
-            p = sub.add_parser(name, help=(module.__doc__ or "").split("\n")[0])
-            p.add_argument("--out", default="results/bench", help=OUT_HELP)
-            module.add_arguments(p)
-            continue
-        p = sub.add_parser(name, help=bench.method.strip().split("\n")[0])
+        p = sub.add_parser(name, help=title(name))
         p.add_argument("--out", default="results/bench", help=OUT_HELP)
         bench.add_arguments(p)
     sub.add_parser("all", help="every benchmark with its defaults").add_argument(
@@ -73,10 +72,6 @@ def run(args: argparse.Namespace) -> int:
         0; under `all`, 1 when a benchmark failed (the others still run; its error is printed).
     """
     if args.name != "all":
-        if benchmark(args.name) is None:  # TEMP
-            module = importlib.import_module(f"scalelab.bench.{MODULES[args.name]}")
-            print(module.headline(module.run(args, Path(args.out).absolute()), Path(args.out).absolute()))
-            return 0
         harness.run(benchmark(args.name), args, Path(args.out))
         return 0
     failed = []

@@ -29,36 +29,25 @@ from scalelab.runtime.signals import StopFlag
 from scalelab.training.meter import Meter
 
 METHOD = """\
-One process, strategy `single`, the training step (training.loop.Loop.step on the `mlp`
-workload), synthetic batches already in memory, `--threads` torch threads. The batch size is
-calibrated so that a step takes about `--target-step-ms` (10 ms). Five arms run interleaved in
-every repeat, in a rotating order, so that machine noise hits all of them alike:
-- `off`: the no-op tracker (what `tracking.enabled: false` runs), a metric window every step;
-- `batched`: the MLflow tracker as training uses it with `log_every_steps: 1`: every step logs
-  train_loss, step_time_ms and samples_per_s into memory; every `--flush-every` steps (the
-  checkpoint cadence) the buffer goes to the writer process (log_batch into SQLite);
-- `off_default`, `batched_default`: the same two at the default cadence (`--default-log-every`);
-- `sync`: for contrast, one synchronous `MlflowClient.log_metric` call per metric per step.
-Every step's wall time covers the step, the metric window (training.meter.Meter, a sync point) and
-the tracking calls. The training thread's own CPU time in the tracker calls (`time.thread_time_ns`
-around log_metrics and flush(wait=False)) is summed per step: `in_thread_us_per_step` is its mean
-over all steps of an arm, and its fraction of the `off` median step is the figure with the goal
-<= 1% at log_every_steps 1. The wall-time A/B of each cadence is the median over repeats of
-batched/off with a bootstrap 95% interval over repeats; at the default cadence the goal is an
-interval that includes 1. The amortized ratio uses means instead of medians. The writer
-processes start once (`writer_start_s`); after each batched arm the bench waits until the writer
-has stored everything (`batched_drain_ms`, not in the step times). `writer_cpu_ms_per_step` is
-the writer's CPU (psutil) per batched step. A repeat during which other processes held more than
-`--max-busy-share` of the cores is retried or dropped (study.busy). The store is a fresh SQLite
-mlflow.db, deleted at the end.
-`metrics_per_step`: MlflowTracker.log_metrics with N metrics a step (`--metrics`) for
-`--metric-steps` steps, flush(wait=False) every 10: the in-thread CPU (us/step) and the wall time
-until the writer stored them (s/step), median of the repeats (scalelab bench scaling fits them).
-`stop_flag`: `--stop-procs` gloo processes (torchrun, 1 thread each), ddp, the train model without
-dropout on 64 features, batch `--stop-batch`; arms `plain` (Loop.step) and `stop_flag` (Loop.step,
-then StopFlag.everywhere every `--stop-every` steps, as SLURM jobs run it), interleaved; a repeat's
-figure per arm is rank 0's median step; the cost is the median of stop_flag/plain with its
-interval; `call_us` times the everywhere call alone."""
+One process, strategy `single`, Loop.step on the `mlp` workload, synthetic batches in memory,
+`--threads` threads, the batch calibrated to a ~`--target-step-ms` step. Five arms, interleaved in
+a rotating order in every repeat: `off` (the no-op tracker), `batched` (the MLflow tracker as
+training uses it at log_every_steps 1: metrics buffered, handed to the writer process every
+`--flush-every` steps), `off_default` and `batched_default` (the same at `--default-log-every`),
+and `sync` (one synchronous `MlflowClient.log_metric` per metric and step). A step's wall time
+covers the step, the metric window (a sync point) and the tracker calls; `in_thread` is the
+training thread's CPU in the tracker calls (`time.thread_time_ns`), its fraction of the `off`
+step the figure with the goal <= 1%. The A/B of each cadence is the median over repeats of
+batched/off with a bootstrap 95% interval; at the default cadence the goal is an interval that
+holds 1. The writers start once (`writer_start_s`); after each batched arm the bench waits for
+its writer to store everything (`batched_drain_ms`, outside the step times); `writer_cpu_ms_per_step`
+is the writer's CPU (psutil). Busy repeats are retried or dropped (study.busy). The store is a
+fresh SQLite mlflow.db. `metrics_per_step`: log_metrics with N metrics a step (`--metrics`),
+flush(wait=False) every 10 steps: the in-thread CPU and the time until stored, per step (scaling
+fits them). `stop_flag`: `--stop-procs` gloo ranks of ddp, arms `plain` and `stop_flag` (then
+StopFlag.everywhere every `--stop-every` steps, as SLURM jobs run it), interleaved; the cost is
+the median of stop_flag/plain with its interval; `call_us` times the call alone.
+"""
 ARMS = ("off", "batched", "off_default", "batched_default", "sync")
 BATCHED = ("batched", "batched_default")
 IN_THREAD, AB_DEFAULT = Goal("<=", 0.01, "<= 1%"), Goal("contains", 1.0, "95% CI includes 0%")
