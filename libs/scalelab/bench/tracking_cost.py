@@ -248,7 +248,7 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
     exp = tracking.experiment_id(client, "bench-tracking")
     raw = measure_arms(ctx, client, exp)
     metrics = [m for m in args.metrics if m > 0]
-    curve = metric_curve(client, exp, metrics, args.metric_steps, args.repeats) if metrics else None
+    curve = metric_curve(client, exp, metrics, args.metric_steps, args.metric_repeats) if metrics else None
     stop = stop_flag_cost(ctx, args.hidden) if args.stop_procs else None
     times, busy = raw["times"], raw["busy"]
     med = {arm: [statistics.median(r) for r in reps] for arm, reps in times.items()}
@@ -351,6 +351,7 @@ BENCH = harness.Benchmark(
         opt("--default-log-every", _default_log_every(), "steps between logs in the *_default arms"),
         opt("--metrics", [1, 10, 100, 1000], "metrics per step of the tracker's cost curve (0: skip)"),
         opt("--metric-steps", 30, "logged steps per metric count and repeat"),
+        opt("--metric-repeats", 3, "repeats per metric count (their median)"),
         opt("--stop-procs", 2, "gloo processes of the StopFlag arm (0: skip)"),
         opt("--stop-steps", 200, "steps per StopFlag arm and repeat"),
         opt("--stop-every", SlurmConfig().stop_check_every_steps, "steps between StopFlag checks"),
