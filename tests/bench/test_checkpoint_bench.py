@@ -14,14 +14,15 @@ MARGIN = 8 * 2**20  # the save's own buffers besides the live shards: a bound, n
 
 
 def test_an_fsdp_save_holds_its_shard_and_ddp_the_whole_state(workdir, capsys):
-    args = ["--ckpt-params", "100000", "3000000", "--ckpt-ranks", "1", "2", "--repeats", "1"]
+    args = ["--ckpt-params", "100000", "3000000", "--ckpt-ranks", "1", "2", "--repeats", "1", "--max-busy-share", "1"]
     assert main(["bench", "checkpoint", *args, "--out", str(workdir / "bench")]) == 0
-    assert "fsdp save 2 ranks / 1" in capsys.readouterr().out
+    assert "- checkpoint_fsdp_save_2_over_1: fsdp save per rank, 2 ranks / 1" in capsys.readouterr().out
     result = json.loads((workdir / "bench/checkpoint.json").read_text())
     rows = {(r["strategy"], r["world_size"], r["parameters"]): r for r in result["rows"]}
     sizes = sorted({r["parameters"] for r in result["rows"]})
     assert len(rows) == 12 and sizes[1] > 20 * sizes[0]  # 3 arms x 2 world sizes x 2 sizes
     assert set(result["goal"]) == {"parameters", "fsdp_save_2_over_1", "target", "met", "async_blocked_fraction"}
+    assert result["goal"]["met"] == (result["goal"]["fsdp_save_2_over_1"] <= 0.6) and result["dropped"] == []
     big = sizes[1]
     for world in (1, 2):
         fsdp, ddp = rows[("fsdp", world, big)], rows[("ddp", world, big)]

@@ -14,8 +14,9 @@ SIZES_MB = (3, 30)
 
 def test_rss_anon_per_rank_stays_flat_from_3_to_30_mb_of_tokens(workdir, capsys):
     args = ["--sizes-mb", *map(str, SIZES_MB), "--steps", "4", "--repeats", "1", "--out", str(workdir / "bench")]
+    args += ["--max-busy-share", "1", "--csv-rows", "100", "1000"]  # every repeat kept: xdist workers share the machine
     assert main(["bench", "data", *args]) == 0
-    assert "RssAnon slope" in capsys.readouterr().out
+    assert "- data_rss_anon_slope: per-rank RssAnon log-log slope " in capsys.readouterr().out
     result = json.loads((workdir / "bench/data.json").read_text())
     small, large = result["rows"]
     assert (small["size_mb"], large["size_mb"]) == SIZES_MB
@@ -40,5 +41,6 @@ def test_rss_anon_per_rank_stays_flat_from_3_to_30_mb_of_tokens(workdir, capsys)
             "data_loader_wait_workers2",
         ]
     )
+    assert result["csv_rows"]["rows"] == [100, 1000] and min(result["csv_rows"]["prepare_s"]) > 0
     slope = result["slopes"]["rss_anon_per_rank"]
     assert lines["data_rss_anon_slope"].endswith(": met" if slope < 0.1 else ": not met")

@@ -10,6 +10,7 @@ from scalelab.bench import stats
 from scalelab.cli import main
 
 TINY = ["--params", str(REPO / "params.yaml"), "--repeats", "2", "--epochs", "1", "--set", "train.batch_size=128"]
+TINY += ["--max-busy-share", "1.0"]  # keep every repeat: xdist workers share the machine
 SINGLE = ["--set", "train.strategy=single", "--set", "train.nproc_per_node=1"]
 
 
@@ -24,11 +25,12 @@ def _check(result: dict, world_size: int) -> None:
         assert all(0 < f < 1 for f in fractions) and arm["repeat_wait_fractions"] == pytest.approx(fractions)
         assert arm["wait_fraction"] == pytest.approx(statistics.median(fractions))
         assert arm["meets_target"] == (statistics.median(fractions) <= 0.05)
+    assert result["dropped"] == [] and len(result["disturbance"]) == 2
 
 
 def test_loader_benchmark_reports_the_wait_fraction_for_each_num_workers(workdir, capsys):
     assert main(["bench", "loader", "--out", str(workdir / "bench"), *TINY, *SINGLE]) == 0
-    assert "waiting for data" in capsys.readouterr().out
+    assert "- loader_workers0: step time waiting for data " in capsys.readouterr().out
     result = json.loads((workdir / "bench/loader.json").read_text())
     assert result["benchmark"] == "loader" and "interleaved" in result["method"]
     _check(result, 1)

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from helpers import REPO, run_cli, summary_verdict
-from scalelab.bench import mfu, stats
+from scalelab.bench import harness, mfu, stats
 
 TINY = ["--batch", "2", "--seq", "32", "--layers", "2", "--d-model", "64", "--vocab", "128"]
-TINY += ["--steps", "2", "--repeats", "2", "--warmup-steps", "1"]
+TINY += ["--steps", "2", "--repeats", "2", "--warmup-steps", "1", "--max-busy-share", "1.0"]  # keep every repeat
 FIELDS = {
     "benchmark", "method", "device", "precision", "config", "params", "flops_per_step_analytic",
     "flops_per_step_counted", "step_time_s_median", "repeats", "achieved_tflops", "peak_tflops", "mfu",
@@ -22,7 +22,7 @@ FIELDS = {
 
 def args(*extra: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    mfu.add_arguments(parser)
+    mfu.BENCH.add_arguments(parser)
     return parser.parse_args([*TINY, *extra])
 
 
@@ -42,7 +42,7 @@ def verdict_of(result: dict, line: str) -> str:
 
 
 def test_without_a_peak_it_records_flops_and_leaves_mfu_null(tmp_path):
-    result = mfu.run(args(), tmp_path)
+    result = harness.run(mfu.BENCH, args(), tmp_path)
     on_disk = json.loads((tmp_path / "mfu.json").read_text())
     assert FIELDS <= on_disk.keys() and on_disk == json.loads(json.dumps(result))
     assert on_disk["benchmark"] == "mfu" and "6*N + 12*n_layer*d_model*seq" in on_disk["method"]
@@ -70,13 +70,13 @@ def test_without_a_peak_it_records_flops_and_leaves_mfu_null(tmp_path):
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_counted_flops_agree_with_the_analytic_estimate(tmp_path, precision):
-    result = mfu.run(args("--precision", precision, "--repeats", "1"), tmp_path)
+    result = harness.run(mfu.BENCH, args("--precision", precision, "--repeats", "1"), tmp_path)
     assert result["flops_per_step_counted"] > 0
     assert 0.75 <= result["flops_per_step_counted"] / result["flops_per_step_analytic"] <= 1.25
 
 
 def test_with_a_peak_mfu_is_achieved_over_peak(tmp_path):
-    result = mfu.run(args("--peak-tflops", "0.5"), tmp_path)
+    result = harness.run(mfu.BENCH, args("--peak-tflops", "0.5"), tmp_path)
     assert result["peak_tflops"] == 0.5 and result["peak_source"] == "--peak-tflops"
     assert result["mfu"] == pytest.approx(result["achieved_tflops"] / 0.5) and result["mfu_reason"] is None
     line = stats.read_summary(tmp_path)["mfu"]
@@ -89,10 +89,10 @@ def test_the_verdict_is_the_mfu_against_its_goal(tmp_path, monkeypatch, fraction
     measured = {
         "model": mfu.model_config(args()), "params": 1, "matmul_params": 1, "tokens_per_step": 64,
         "flops_per_step_analytic": 10**12, "flops_per_step_counted": 10**12, "step_time_s": [1 / fraction],
-        "final_loss": 1.0, "device": torch.device("cpu"),
+        "final_loss": 1.0, "device": torch.device("cpu"), "busy": harness.Repeats([1 / fraction], [], []),
     }  # fmt: skip
-    monkeypatch.setattr(mfu, "measure", lambda a: dict(measured))
-    result = mfu.run(args("--peak-tflops", "1"), tmp_path)
+    monkeypatch.setattr(mfu, "measure_steps", lambda a, policy: dict(measured))
+    result = harness.run(mfu.BENCH, args("--peak-tflops", "1"), tmp_path)
     assert result["mfu"] == pytest.approx(fraction) and result["goal_mfu"] == 0.30
     assert verdict_of(result, stats.read_summary(tmp_path)["mfu"]) == ("met" if fraction > 0.30 else "not met")
 
@@ -118,13 +118,13 @@ def test_the_cuda_peak_comes_from_the_table_by_device_name(monkeypatch, name, pr
 
 @pytest.mark.parametrize(("extra", "message"), [(["--steps", "0"], "--steps = 0"), (["--peak-tflops", "-1"], "> 0")])
 def test_bad_sizes_and_peaks_are_refused_before_anything_runs(tmp_path, monkeypatch, extra, message):
-    monkeypatch.setattr(mfu.workloads, "load", lambda *a, **k: pytest.fail("the workload was built"))
+    monkeypatch.setattr(harness, "rank_loop", lambda *a, **k: pytest.fail("the workload was built"))
     with pytest.raises(ValueError, match=message):
-        mfu.run(args(*extra), tmp_path)
+        harness.run(mfu.BENCH, args(*extra), tmp_path)
     assert not (tmp_path / "mfu.json").exists()
 
 
 def test_the_cli_runs_it_as_a_benchmark(tmp_path):
     got = run_cli("bench", "mfu", *TINY, "--repeats", "1", "--out", str(tmp_path), cwd=REPO, timeout=120)
-    assert got.stdout.startswith("mfu: ") and "MFU not measured" in got.stdout
+    assert got.stdout.startswith("scalelab bench mfu: measuring") and "; goal MFU >= 30%: not measured" in got.stdout
     assert json.loads((tmp_path / "mfu.json").read_text())["benchmark"] == "mfu"

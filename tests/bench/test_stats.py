@@ -1,8 +1,12 @@
-"""scalelab.bench.stats: paired ratios, their bootstrap interval, and summary.md's one line per figure."""
+"""scalelab.bench.stats: paired ratios, their bootstrap interval, goals and their verdicts, and
+summary.md's one line per figure."""
+
+import math
 
 import pytest
 
 from scalelab.bench import stats
+from scalelab.bench.stats import Goal
 
 
 def test_median_ratio_pairs_repeats_and_the_interval_brackets_it():
@@ -22,11 +26,36 @@ def test_unpaired_or_empty_repeats_are_refused():
         stats.median([])
 
 
+@pytest.mark.parametrize(
+    ("goal", "value", "met"),
+    [
+        (Goal("<=", 1.01), 1.01, True),
+        (Goal("<=", 1.01), 1.0101, False),
+        (Goal("<", 0.1), 0.1, False),
+        (Goal(">=", 0.3), 0.29, False),
+        (Goal(">=", 0.3), 0.31, True),
+        (Goal("contains", 1.0), (0.9, 1.2), True),
+        (Goal("contains", 1.0), (1.01, 1.2), False),
+        (Goal("is", True), False, False),
+        (Goal("<=", 1.01), None, None),
+        (Goal("<=", 1.01), math.nan, None),
+        (Goal("none"), 5.0, None),
+    ],
+)
+def test_the_verdict_is_the_value_against_the_goal(goal, value, met):
+    assert goal.met(value) is met
+
+
+def test_a_further_condition_can_only_turn_met_into_not_met():
+    assert Goal("<=", 1.01).met(1.0, also=False) is False and Goal("<=", 1.01).met(2.0, also=True) is False
+    assert Goal("<=", 1.01).met(None, also=False) is None
+
+
 def test_summary_keeps_one_line_per_figure_replacing_its_own(tmp_path):
-    stats.write_summary_line(tmp_path, "a", "1.01", "<= 1.02", True)
-    stats.write_summary_line(tmp_path, "b", "3 s", "<= 2 s", False)
-    stats.write_summary_line(tmp_path, "c", "-", "<= 5%", None)
-    stats.write_summary_line(tmp_path, "a", "1.05", "<= 1.02", False)
+    stats.write_figure(tmp_path, "a", "1.01", 1.01, Goal("<=", 1.02))
+    stats.write_figure(tmp_path, "b", "3 s", 3.0, Goal("<=", 2.0, "<= 2 s"))
+    stats.write_figure(tmp_path, "c", "-", None, Goal("<=", 0.05, "<= 5%"))
+    stats.write_figure(tmp_path, "a", "1.05", 1.05, Goal("<=", 1.02))
     lines = (tmp_path / "summary.md").read_text().splitlines()
     assert lines == [
         "- a: 1.05; goal <= 1.02: not met",
@@ -38,6 +67,6 @@ def test_summary_keeps_one_line_per_figure_replacing_its_own(tmp_path):
 
 def test_a_name_that_would_break_the_line_format_is_refused(tmp_path):
     with pytest.raises(ValueError):
-        stats.write_summary_line(tmp_path, "a: b", "x", "y", True)
+        stats.write_figure(tmp_path, "a: b", "x", 1.0, Goal("<=", 2.0))
     with pytest.raises(ValueError):
-        stats.write_summary_line(tmp_path, "a", "two\nlines", "y", True)
+        stats.write_figure(tmp_path, "a", "two\nlines", 1.0, Goal("<=", 2.0))

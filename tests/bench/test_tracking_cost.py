@@ -1,12 +1,13 @@
 """`scalelab bench tracking` on tiny sizes: the JSON file's shape (not its figures)."""
 
+import argparse
 import json
 import statistics
 
 import pytest
 
 from helpers import paired_bootstrap_ci, summary_verdict
-from scalelab.bench import stats, stopflag_cost
+from scalelab.bench import harness, stats, tracking_cost
 from scalelab.cli import main
 
 TINY = [
@@ -32,13 +33,21 @@ TINY = [
     "3",
     "--stop-procs",
     "0",
+    "--metrics",
+    "1",
+    "30",
+    "--metric-steps",
+    "10",
+    "--max-busy-share",
+    "1.0",  # keep every repeat: xdist workers share the machine (dropping is tested in test_harness)
 ]
 ARMS = ("off", "batched", "off_default", "batched_default", "sync")
 
 
 def test_tracking_benchmark_writes_its_figures_method_and_summary_lines(workdir, capsys):
     assert main(["bench", "tracking", "--out", str(workdir / "bench"), *TINY]) == 0
-    assert "tracking overhead:" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "- tracking_in_thread: " in printed and "- tracking_ab_default: " in printed
     result = json.loads((workdir / "bench/tracking_overhead.json").read_text())
     assert result["benchmark"] == "tracking_overhead" and "interleaved" in result["method"]
     for arm in ARMS:
@@ -98,6 +107,11 @@ def test_tracking_benchmark_writes_its_figures_method_and_summary_lines(workdir,
         assert ab["ci95"] == pytest.approx(list(paired_bootstrap_ci(arm, ref, boot["resamples"], boot["seed"])))
     assert set(result["writer_cpu_ms_per_step_by_arm"]) == {"batched", "batched_default"}
     assert result["stop_flag"] is None  # --stop-procs 0; measured in the test below
+    assert result["dropped"] == [] and len(result["disturbance"]) == 2  # every repeat kept, its disturbance noted
+    # the tracker's cost with 1 and 30 metrics a step: 30 metrics take more of the thread than 1
+    curve = result["metrics_per_step"]
+    assert curve["metrics"] == [1, 30] and len(curve["store_s_per_step"]) == 2 and min(curve["store_s_per_step"]) > 0
+    assert curve["in_thread_us_per_step"][1] > curve["in_thread_us_per_step"][0] > 0
     lines = stats.read_summary(workdir / "bench")
     assert set(lines) == {"tracking_in_thread", "tracking_ab_every_step", "tracking_ab_default"}
     # each verdict is its figure against its goal, as the line writes both
@@ -117,7 +131,11 @@ def test_tracking_benchmark_writes_its_figures_method_and_summary_lines(workdir,
 
 
 def test_stop_flag_cost_runs_two_gloo_ranks_and_reports_its_fraction(tmp_path):
-    sf = stopflag_cost.measure(procs=2, steps=5, repeats=2, batch=4, hidden=[16], work=tmp_path, every=2)
+    parser = argparse.ArgumentParser()
+    tracking_cost.BENCH.add_arguments(parser)
+    args = parser.parse_args(["--stop-steps", "5", "--stop-repeats", "2", "--stop-batch", "4", "--stop-every", "2"])
+    args.max_busy_share = 1.0
+    sf = tracking_cost.stop_flag_cost(harness.Context(tracking_cost.BENCH, args, tmp_path, tmp_path), [16])
     assert sf["processes"] == 2 and sf["check_every_steps"] == 2 and sf["call_us_median"] > 0
     raw = sf["raw_times_s"]  # rank 0's seconds: arm -> repeat -> step
     assert [len(r) for r in raw["stop_flag"]] == [5, 5] and [len(r) for r in raw["plain"]] == [5, 5]

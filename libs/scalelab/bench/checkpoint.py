@@ -10,7 +10,7 @@ while saving (VmHWM, reset before each save). One by hand, with a spec.json that
 
 from __future__ import annotations
 
-import argparse
+import functools
 import shutil
 import statistics
 import time
@@ -19,46 +19,55 @@ from typing import Any
 
 import torch
 
+from scalelab.bench import harness
+from scalelab.bench.harness import Goal, opt
 from scalelab.config import Params, build
-from scalelab.launch.local import LaunchError, run_ranks
 from scalelab.runtime import dist, memory
 from scalelab.runtime.device import setup_process
-from scalelab.runtime.io import atomic_write_json
 from scalelab.training import job
 from scalelab.training.checkpoint import Checkpointer, checkpoint_state, restore
 from scalelab.training.loop import Loop, Optim, build_loop
 
 METHOD = """\
 The gpt workload (4 blocks, 4 heads, vocabulary 256, d_model sized to the parameter count), AdamW
-after one step (its two moment buffers: the state is 3x the weights), gloo on the CPU, one torch
-thread a rank. `ddp`: the job's path (the state gathered on rank 0, torch.save, an atomic write;
-every rank loads the file); `fsdp`: each block a shard unit, every rank writes its shards with
-torch.distributed.checkpoint and rank 0 commits the folder; every rank loads and reshards. Per
-size: `repeats` saves, each followed by a load; a figure is the median over repeats of the
-slowest rank. Building (the job's path: fsdp builds on the meta device, rank 0 makes the initial
-state on its CPU and each rank receives its shards) and loading report each rank's peak too.
-`fsdp-async`: `save_s` is how long the training thread is blocked (DCP's
-async_save stages a copy), `commit_s` until the background write is committed. Peak memory: the
-largest rank's VmHWM growth during a save and its commit (reset before it): what the save itself
-holds besides the live model (the async arm's staged copy included). Files go to a local disk, in
-the page cache."""
+after one step (state 3x the weights), gloo on the CPU, 1 thread a rank. `ddp`: the job's path
+(the state gathered on rank 0, torch.save, an atomic write; every rank loads the file); `fsdp`:
+every rank writes its shards with torch.distributed.checkpoint, rank 0 commits; every rank loads
+and reshards; `fsdp-async`: `save_s` is how long the step is blocked, `commit_s` until committed.
+Per size: `repeats` saves, each followed by a load (busy repeats retried or dropped); a figure is
+the median over repeats of the slowest rank. Peak memory: the largest rank's VmHWM growth during
+a save and its commit, a load, and the build (fsdp builds on the meta device). Files go to a local
+disk, in the page cache.
+"""
 GPT = {"layers": 4, "heads": 4, "seq_len": 64, "vocab_size": 256}
 ARMS = ["ddp", "fsdp", "fsdp-async"]
-GOAL_RATIO = 0.6  # fsdp save time per rank, 2 ranks over 1 (1/N would be 0.5)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--ckpt-params", type=int, nargs="+", default=[10**5, 10**6, 10**7], help="parameter counts (about)"
-    )
-    parser.add_argument("--ckpt-ranks", type=int, nargs="+", default=[1, 2], help="world sizes")
-    parser.add_argument("--repeats", type=int, default=3, help="timed saves and loads per size (default: 3)")
+GOAL = Goal("<=", 0.6)  # fsdp save time per rank, 2 ranks over 1 (1/N would be 0.5)
 
 
 def gpt_config(params: int) -> dict[str, Any]:
     """The gpt Config of about `params` parameters (12 d_model^2 a block)."""
     d_model = max(round((params / (12 * GPT["layers"])) ** 0.5 / GPT["heads"]), 1) * GPT["heads"]
     return {**GPT, "d_model": d_model}
+
+
+def _repeat(loop: Loop, ckpt: Checkpointer, env: dist.DistEnv, rep: int) -> dict[str, Any]:
+    """One timed save, its commit, and a load, with this rank's peak memory in each."""
+    dist.barrier()
+    base, start = memory.reset_peak(trim=True), time.perf_counter()
+    state, shards = checkpoint_state(loop, 0, None, {})
+    if env.is_main or shards is not None:
+        ckpt.save(rep + 1, state, shards)
+    got = {"save_s": time.perf_counter() - start}  # the training thread is free again
+    ckpt.wait()
+    got["peak_bytes"] = memory.peak_since(base)
+    dist.barrier()
+    got["commit_s"] = time.perf_counter() - start
+    del state, shards
+    base, start = memory.reset_peak(trim=True), time.perf_counter()
+    restore(ckpt.load_latest(), loop, 0, env, {})
+    got["load_peak_bytes"] = memory.peak_since(base)
+    dist.barrier()
+    return got | {"load_s": time.perf_counter() - start}
 
 
 def measure_rank(spec: dict[str, Any]) -> dict[str, Any]:
@@ -73,27 +82,12 @@ def measure_rank(spec: dict[str, Any]) -> dict[str, Any]:
         for params in spec["params"]:
             loop, count, build_peak = _loop(strategy, params, device, env)
             ckpt = Checkpointer(work / f"{arm}-{params}-w{env.world_size}", "bench", keep=1, asynchronous=asynchronous)
-            got: dict[str, Any] = {"save_s": [], "commit_s": [], "load_s": [], "peak_bytes": [], "load_peak_bytes": []}
-            got.update(parameters=count, build_peak_bytes=build_peak)
-            for rep in range(spec["repeats"]):
-                dist.barrier()
-                base = memory.reset_peak(trim=True)
-                start = time.perf_counter()
-                state, shards = checkpoint_state(loop, 0, None, {})
-                if env.is_main or shards is not None:
-                    ckpt.save(rep + 1, state, shards)
-                got["save_s"].append(time.perf_counter() - start)  # the training thread is free again
-                ckpt.wait()
-                got["peak_bytes"].append(memory.peak_since(base))
-                dist.barrier()
-                got["commit_s"].append(time.perf_counter() - start)
-                del state, shards
-                base = memory.reset_peak(trim=True)
-                start = time.perf_counter()
-                restore(ckpt.load_latest(), loop, 0, env, {})
-                got["load_peak_bytes"].append(memory.peak_since(base))
-                dist.barrier()
-                got["load_s"].append(time.perf_counter() - start)
+
+            reps = harness.take_repeats(functools.partial(_repeat, loop, ckpt, env), spec["busy"])
+            got = {
+                k: [r[k] for r in reps.kept] for k in ("save_s", "commit_s", "load_s", "peak_bytes", "load_peak_bytes")
+            }
+            got.update(parameters=count, build_peak_bytes=build_peak, dropped=reps.dropped)
             figures.setdefault(arm, {})[str(params)] = got
             dist.barrier()
             if env.is_main:
@@ -117,19 +111,6 @@ def _loop(strategy: str, params: int, device: torch.device, env: dist.DistEnv) -
     del init_state
     loop.step([wl.synthetic_batch(4)])  # AdamW's moment buffers exist from here
     return loop, sum(p.numel() for p in loop.model.parameters()), build_peak  # a DTensor counts whole
-
-
-def measure(params: list[int], ranks: list[int], repeats: int, work: Path) -> list[dict[str, Any]]:
-    """Runs the ranks at each world size; one row per strategy, world size and size."""
-    rows = []
-    for world in ranks:
-        spec = {"params": params, "repeats": repeats, "arms": ARMS, "work": str(work)}
-        try:
-            raw = run_ranks(["bench-worker", "checkpoint"], spec, work, f"w{world}", nproc=world, threads_per_process=1)
-        except LaunchError as exc:
-            raise LaunchError(f"checkpoint ranks (world size {world}): {exc}") from exc
-        rows += _rows(raw["ranks"], world, params)
-    return rows
 
 
 def _rows(ranks: list[dict], world: int, sizes: list[int]) -> list[dict[str, Any]]:
@@ -162,47 +143,52 @@ def _rows(ranks: list[dict], world: int, sizes: list[int]) -> list[dict[str, Any
 def _goal(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """fsdp's save time per rank at the largest size, 2 ranks over 1."""
     largest = max(r["parameters"] for r in rows)
-    fsdp = {r["world_size"]: r["save_s"] for r in rows if r["strategy"] == "fsdp" and r["parameters"] == largest}
-    blocked = [
-        r["save_s"] / r["commit_s"] for r in rows if r["strategy"] == "fsdp-async" and r["parameters"] == largest
-    ]
+    fsdp = {r["world_size"]: r["save_s"] for r in rows if r["strategy"] == ARMS[1] and r["parameters"] == largest}
+    blocked = [r["save_s"] / r["commit_s"] for r in rows if r["strategy"] == ARMS[2] and r["parameters"] == largest]
     if not {1, 2} <= set(fsdp):
-        return {"met": None, "note": "needs world sizes 1 and 2"}
+        return {"met": None, "note": "not measured: needs world sizes 1 and 2"}
     ratio = fsdp[2] / fsdp[1]
     return {
         "parameters": largest,
         "fsdp_save_2_over_1": ratio,
-        "target": GOAL_RATIO,
-        "met": ratio <= GOAL_RATIO,
+        "target": GOAL.target,
+        "met": GOAL.met(ratio),
         "async_blocked_fraction": max(blocked) if blocked else None,
     }
 
 
-def run(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
-    work = out_dir / "checkpoint-work"
-    work.mkdir(parents=True, exist_ok=True)
-    try:
-        rows = measure(args.ckpt_params, args.ckpt_ranks, args.repeats, work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    result = {"method": METHOD, "repeats": args.repeats, "rows": rows, "goal": _goal(rows)}
-    atomic_write_json(out_dir / "checkpoint.json", result)
-    return result
-
-
-def headline(result: dict, out: Path) -> str:
-    goal = result["goal"]
-    largest = max(r["parameters"] for r in result["rows"])
+def measure(ctx: harness.Context) -> dict[str, Any]:
+    """One row per strategy, world size and size; the fsdp save's 2-over-1 ratio against its goal."""
+    args, rows, dropped = ctx.args, [], []
+    for world in args.ckpt_ranks:
+        spec = {"params": args.ckpt_params, "busy": ctx.policy(), "arms": ARMS, "work": str(ctx.work)}
+        raw = ctx.ranks("checkpoint", spec, f"w{world}", nproc=world)
+        rows += _rows(raw["ranks"], world, args.ckpt_params)
+        dropped += [d for arm in raw["ranks"][0].values() for size in arm.values() for d in size["dropped"]]
+    goal = _goal(rows)
+    largest = max(r["parameters"] for r in rows)
     cells = [
-        f"{r['strategy']} w{r['world_size']}: save {r['save_s']:.2f} s (committed {r['commit_s']:.2f}), "
-        f"load {r['load_s']:.2f} s, "
-        f"peak {r['peak_save_bytes_per_rank'] / 2**20:.0f} MiB"
-        for r in result["rows"]
+        f"{r['strategy']} w{r['world_size']} save {r['save_s']:.2f} s (committed {r['commit_s']:.2f}), "
+        f"load {r['load_s']:.2f} s, peak {r['peak_save_bytes_per_rank'] / 2**20:.0f} MiB"
+        for r in rows
         if r["parameters"] == largest
     ]
-    if goal["met"] is None:
-        verdict = "not measured"
-    else:
-        verdict = f"{goal['fsdp_save_2_over_1']:.2f} ({'met' if goal['met'] else 'not met'}, goal <= {GOAL_RATIO})"
-    where = out / "checkpoint.json"
-    return f"checkpoint, gpt of {largest:,} parameters: {'; '.join(cells)}; fsdp save 2 ranks / 1: {verdict} -> {where}"
+    ratio = goal.get("fsdp_save_2_over_1")
+    text = f"fsdp save per rank, 2 ranks / 1, gpt of {largest:,} parameters: " + (
+        f"{ratio:.2f} ({'; '.join(cells)})" if ratio is not None else goal["note"]
+    )
+    ctx.figure("checkpoint_fsdp_save_2_over_1", text, ratio, GOAL, dropped=dropped)
+    return {"repeats": args.repeats, "rows": rows, "goal": goal, "dropped": dropped}
+
+
+BENCH = harness.Benchmark(
+    "checkpoint",
+    "checkpoint.json",
+    METHOD,
+    measure,
+    options=(
+        opt("--ckpt-params", [10**5, 10**6, 10**7], "parameter counts (about)"),
+        opt("--ckpt-ranks", [1, 2], "world sizes"),
+        opt("--repeats", 3, "timed saves and loads per size"),
+    ),
+)

@@ -3,77 +3,56 @@
     scalelab bench data --out results/bench                 # -> results/bench/data.json
     scalelab bench data --sizes-mb 10 100 1000 --repeats 3
 
-The method is METHOD below; the JSON file carries it.
+The ranks run through the harness; one by hand, with a spec.json that it wrote: `torchrun
+--standalone --nproc-per-node 2 -m scalelab.cli bench-worker data --spec SPEC.json --out OUT.json`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import shutil
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from scalelab.bench import stats
-from scalelab.bench.scaling import fit
-from scalelab.runtime.io import atomic_write_json
+from scalelab.bench import harness, loader
+from scalelab.bench.harness import Goal, opt
+from scalelab.runtime import dist, memory
 
 METHOD = """\
-For each size (`--sizes-mb`, MB of text = byte tokens): a corpus of 1 MB files cut from the
-CPython standard library's own top-level .py files (repeated), prepared with data.source text in a
-fresh process (`prepare` timed alone, after its imports; peak memory = the process's ru_maxrss
-less its resident memory before prepare). Then, in the parent: `verify` (the start-up check:
-sizes, headers, the sha256 of files under 32 MiB, a 1 MiB probe of larger ones) and
-`verify(full=True)` (every byte hashed), each timed once with the files in the page cache. Then
-a DDP job on 2 gloo processes (torchrun, 1 thread each; scalelab.bench.data_rank): each rank maps
-the split, fetches every sample of its share once, then trains the GPT workload (`--model`) with
-training's own RunLoader (persistent workers) for `--steps` steps per arm and repeat, arms
-num_workers 0 and 2 interleaved. Per-rank RssAnon (/proc/self/status) after the full pass and
-after the steps; loader wait = wait / (wait + compute) summed over a repeat's steps, median over
-repeats, on the rank that waited most. Slopes are least-squares fits of log(figure) on log(size)
-over the sizes. A 10 GB sparse token file (no disk used) is checked the way start-up checks it,
-to time the check at that size without writing 10 GB.
+For each size (`--sizes-mb` of text = byte tokens, 1 MB files cut from the standard library's .py
+files): `prepare` (data.source text) in a fresh process, timed after its imports, its peak memory
+the VmHWM above its start; then `verify` (the start-up check) and `verify(full=True)`, timed once,
+files in the page cache; then a DDP job of `--nproc` gloo ranks: each maps the split and fetches
+every sample of its share once, then trains the GPT workload (`--model`) with training's RunLoader
+for `--steps` steps per arm and repeat, num_workers arms interleaved (busy repeats retried or
+dropped). Per-rank RssAnon after the full pass and after the steps; loader wait = wait / (wait +
+compute) over a repeat, median over repeats, on the rank that waited most. Slopes: least squares
+of log(figure) on log(size). A 10 GB sparse token file (no disk used) is checked the way start-up
+checks it. `csv_rows`: `prepare` of CSVs of R rows x 32 features + label (data.source file), each in
+a fresh process the same way (scaling fits them).
 """
-OUT_FILE = "data.json"
-RSS_SLOPE_GOAL, PREPARE_SLOPE_GOAL, PEAK_SLOPE_GOAL = 0.1, 1.1, 0.1
-WAIT_GOAL, VERIFY_GOAL_S = 0.05, 2.0
-FILE_BYTES = 1 << 20
+RSS, PREPARE, PEAK = Goal("<", 0.1), Goal("<=", 1.1), Goal("<", 0.1, "< 0.1 (bounded)")
+WAIT, VERIFY = Goal("<=", 0.05, "<= 5%"), Goal("<", 2.0, "< 2 s")
+GPT = {"vocab_size": 256, "seq_len": 64, "d_model": 64, "layers": 2, "heads": 2}
+FILE_BYTES, TOUCH_SAMPLES = 1 << 20, 128  # a training fetch's size: the allocator reuses its blocks
 PREPARE_CHILD = """\
-import json, resource, sys, time
+import json, sys, time
 from pathlib import Path
 import numpy, pandas  # imported before the timed part, as prepare's own imports would be
 from scalelab.config import DataConfig, build
 from scalelab.data.prepare import prepare
 status = lambda: {l.split(':')[0]: int(l.split()[1]) for l in Path('/proc/self/status').read_text().splitlines()
                   if l.startswith(('VmRSS', 'VmHWM'))}
-cfg = build(DataConfig, {"source": "text", "text": {"path": sys.argv[1]}})
+cfg = build(DataConfig, json.loads(sys.argv[1]))
 base = status()['VmRSS']
 start = time.perf_counter()
-prepare(cfg, sys.argv[2], seq_len=int(sys.argv[3]))
+prepare(cfg, sys.argv[2], **({"seq_len": int(sys.argv[3])} if len(sys.argv) > 3 else {}))
 took = time.perf_counter() - start
 print(json.dumps({"prepare_s": took, "base_kb": base, "peak_kb": status()['VmHWM']}))
 """
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sizes-mb", type=int, nargs="+", default=[10, 100, 1000], help="MB of text per size")
-    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per size and arm (default: 3)")
-    parser.add_argument("--steps", type=int, default=30, help="training steps per arm and repeat")
-    parser.add_argument("--workers", type=int, nargs="+", default=[0, 2], help="num_workers of each arm")
-    parser.add_argument("--batch-size", type=int, default=16, help="sequences per rank and step")
-    parser.add_argument(
-        "--model",
-        type=json.loads,
-        default={"vocab_size": 256, "seq_len": 64, "d_model": 64, "layers": 2, "heads": 2},
-        help="train.model of the gpt workload (JSON)",
-    )
-    parser.add_argument("--nproc", type=int, default=2, help="ranks of the DDP job")
 
 
 def write_corpus(folder: Path, size_mb: int) -> Path:
@@ -92,17 +71,18 @@ def write_corpus(folder: Path, size_mb: int) -> Path:
     return folder
 
 
-def prepare_child(corpus: Path, out: Path, seq_len: int) -> dict[str, float]:
-    proc = subprocess.run(
-        [sys.executable, "-c", PREPARE_CHILD, str(corpus), str(out), str(seq_len)], capture_output=True, text=True
-    )
+def prepare_child(cfg: dict[str, Any], out: Path, *seq_len: int) -> dict[str, float]:
+    """`prepare` of `cfg` (a data section) in a fresh process: its time and peak memory."""
+    cmd = [sys.executable, "-c", PREPARE_CHILD, json.dumps(cfg), str(out), *map(str, seq_len)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"prepare of {corpus} failed: {proc.stderr.strip()[-1500:]}")
+        raise RuntimeError(f"prepare of {cfg} failed: {proc.stderr.strip()[-1500:]}")
     got = json.loads(proc.stdout.strip().splitlines()[-1])
+    above = max(got["peak_kb"] - got["base_kb"], 1) / 1024
     return {
         "prepare_s": got["prepare_s"],
         "prepare_peak_mb": got["peak_kb"] / 1024,
-        "prepare_peak_above_start_mb": max(got["peak_kb"] - got["base_kb"], 1) / 1024,
+        "prepare_peak_above_start_mb": above,
     }
 
 
@@ -112,54 +92,83 @@ def timed(fn: Any, *args: Any, **kwargs: Any) -> float:
     return time.perf_counter() - start
 
 
-def run_ranks(args: argparse.Namespace, data: Path, work: Path) -> dict[str, Any]:
-    spec = {
-        "data": str(data),
-        "model": args.model,
-        "batch_size": args.batch_size,
-        "steps": args.steps,
-        "repeats": args.repeats,
-        "workers": args.workers,
-    }
-    spec_path, out_path = work / "rank.spec.json", work / "rank.out.json"
-    atomic_write_json(spec_path, spec)
-    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}"]
-    cmd = [sys.executable, *launcher, "-m", "scalelab.bench.data_rank", str(spec_path), str(out_path)]
-    proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
-    if proc.returncode != 0 or not out_path.is_file():
-        tail = " | ".join(proc.stderr.strip().splitlines()[-5:])
-        raise RuntimeError(f"data benchmark ranks exited {proc.returncode}: {tail[-800:]}")
-    return json.loads(out_path.read_text())
+# ---- one rank (runs in the worker processes) ----
 
 
-def measure_size(args: argparse.Namespace, size_mb: int, work: Path) -> dict[str, Any]:
+def _touch_every_sample(split: Any, env: Any) -> int:
+    """Fetches this rank's share of the split once; returns the samples fetched."""
+    from scalelab.training.sampler import RankBatches
+
+    batch = max(min(TOUCH_SAMPLES, len(split) // env.world_size), 1)
+    num = len(split) // (batch * env.world_size)
+    sampler = RankBatches(
+        len(split), world_size=env.world_size, rank=env.rank, batch_size=batch, num_batches=num, seed=0
+    )
+    return sum(len(split.fetch(indices)[0]) for indices in sampler)
+
+
+def _rank(spec: dict[str, Any], env: Any) -> dict[str, Any]:
+    from scalelab.data.store import open_split, verify
+    from scalelab.training.loader import RunLoader
+    from scalelab.training.plan import RunPlan
+
+    start = time.perf_counter()
+    manifest = verify(spec["data"])
+    verify_s = time.perf_counter() - start
+    classes = manifest["num_classes"]
+    strategy = "ddp" if env.world_size > 1 else "single"
+    spec = {**spec, "workload": "gpt", "input_shape": [], "num_classes": classes, "strategy": strategy}
+    rank = harness.rank_loop(spec | {"optim": {"name": "adamw", "lr": 3e-3}, "batch": 1})
+    rss_before_mb = memory.status_kib("RssAnon") / 1024
+    split = open_split(spec["data"], "train", manifest, seq_len=rank.wl.seq_len)
+    touched = _touch_every_sample(split, env)
+    rss_touched_mb = memory.status_kib("RssAnon") / 1024
+    batch = spec["batch_size"]
+    steps = len(split) // (batch * env.world_size)
+    world = env.world_size
+    plan = RunPlan(
+        world_size=world, per_rank_batch=batch, grad_accum_steps=1, global_batch=batch * world,
+        steps_per_epoch=steps, total_steps=steps,
+    )  # fmt: skip
+    loaders = {str(w): RunLoader(split, plan, env, seed=0, num_workers=int(w)) for w in spec["workers"]}
+    times, reps = loader.time_arms(rank.loop, loaders, spec["steps"], 1, spec["busy"], 1, warmup=2)
+    mine = {"verify_s": verify_s, "rss_anon_before_data_mb": rss_before_mb}
+    mine |= {"rss_anon_after_full_pass_mb": rss_touched_mb}
+    mine |= {"rss_anon_after_steps_mb": memory.status_kib("RssAnon") / 1024, "samples_fetched": touched, "times": times}
+    return {"ranks": dist.all_gather_object(mine), "samples": len(split), **reps.json(), "is_main": env.is_main}
+
+
+def measure_rank(spec: dict[str, Any]) -> dict[str, Any]:
+    """One rank of the DDP job; the model (and its DDP reducer) goes before the process group."""
+    result = _rank(spec, dist.read_env())
+    dist.shutdown()
+    return result
+
+
+# ---- the benchmark (runs in `scalelab bench data`) ----
+
+
+def measure_size(ctx: harness.Context, size_mb: int) -> dict[str, Any]:
     from scalelab.data.store import verify
 
+    args, work = ctx.args, ctx.work
     corpus = write_corpus(work / f"corpus-{size_mb}", size_mb)
     data = work / f"prepared-{size_mb}"
-    row: dict[str, Any] = {"size_mb": size_mb, **prepare_child(corpus, data, args.model["seq_len"])}
+    text = {"source": "text", "text": {"path": str(corpus)}}
+    row = {"size_mb": size_mb, **prepare_child(text, data, args.model["seq_len"])}
     shutil.rmtree(corpus)
     row["prepared_bytes"] = sum(p.stat().st_size for p in data.iterdir())
-    row["verify_s"] = timed(verify, data)
-    row["verify_full_s"] = timed(verify, data, full=True)
-    ranks = run_ranks(args, data, work)
+    row["verify_s"], row["verify_full_s"] = timed(verify, data), timed(verify, data, full=True)
+    spec = {"data": str(data), "model": args.model, "batch_size": args.batch_size, "steps": args.steps}
+    spec |= {"workers": args.workers, "busy": ctx.policy()}
+    ranks = ctx.ranks("data", spec, f"size-{size_mb}", nproc=args.nproc)
     shutil.rmtree(data)
-    row["train_samples"] = ranks["samples"]
+    row |= {"train_samples": ranks["samples"], "dropped": ranks["dropped"], "disturbance": ranks["disturbance"]}
     row["rank_verify_s"] = [r["verify_s"] for r in ranks["ranks"]]
-    row["samples_fetched"] = [r["samples_fetched"] for r in ranks["ranks"]]
-    for key in ("rss_anon_before_data_mb", "rss_anon_after_full_pass_mb", "rss_anon_after_steps_mb"):
+    for key in ("samples_fetched", *(f"rss_anon_{k}_mb" for k in ("before_data", "after_full_pass", "after_steps"))):
         row[key] = [r[key] for r in ranks["ranks"]]
-    row["loader"] = {}
-    for arm in map(str, args.workers):
-        per_rank = [r["times"][arm] for r in ranks["ranks"]]  # rank -> repeat -> [wait_s, compute_s]
-        fractions = [max(r[i][0] / (r[i][0] + r[i][1]) for r in per_rank) for i in range(args.repeats)]
-        steps = args.steps
-        row["loader"][arm] = {
-            "wait_fraction": statistics.median(fractions),
-            "repeat_wait_fractions": fractions,
-            "wait_ms_per_step": [[1000 * rep[0] / steps for rep in r] for r in per_rank],
-            "compute_ms_per_step": [[1000 * rep[1] / steps for rep in r] for r in per_rank],
-        }
+    per_rank = {arm: [r["times"][arm] for r in ranks["ranks"]] for arm in map(str, args.workers)}
+    row["loader"] = {arm: loader.arm_figures(times, args.steps) for arm, times in per_rank.items()}
     return row
 
 
@@ -182,108 +191,76 @@ def sparse_10gb_check_s(work: Path) -> float:
     return took
 
 
-def summarize(rows: list[dict[str, Any]], sparse_s: float, args: argparse.Namespace) -> dict[str, Any]:
+def csv_rows(rows: list[int], work: Path) -> dict[str, list[float]]:
+    """`prepare` of CSV tables of `rows` rows, each in a fresh process."""
+    import numpy as np
+    import pandas as pd
+
+    got = []
+    for n in rows:
+        rng, csv = np.random.default_rng(0), work / f"rows-{n}.csv"
+        frame = pd.DataFrame(rng.standard_normal((n, 32)), columns=[f"f{i}" for i in range(32)])
+        frame.assign(label=rng.integers(0, 10, n)).to_csv(csv, index=False)
+        got.append(prepare_child({"source": "file", "file": {"path": str(csv), "label_column": "label"}}, work / "p"))
+        csv.unlink()
+        shutil.rmtree(work / "p")
+    keys = ("prepare_s", "prepare_peak_mb", "prepare_peak_above_start_mb")
+    return {"rows": rows, **{k: [g[k] for g in got] for k in keys}}
+
+
+def measure(ctx: harness.Context) -> dict[str, Any]:
+    from scalelab.bench.scaling import fit
+
+    args = ctx.args
+    rows = [measure_size(ctx, size) for size in sorted(args.sizes_mb)]
+    sparse_s = sparse_10gb_check_s(ctx.work)
     sizes = [r["size_mb"] for r in rows]
-    rank_rss = [[r["rss_anon_after_full_pass_mb"][k] for r in rows] for k in range(args.nproc)]
+    slope = lambda series: fit(sizes, series)["slope"] if len(rows) > 1 else None  # noqa: E731
+    rss = [slope([r["rss_anon_after_full_pass_mb"][k] for r in rows]) for k in range(args.nproc)]
     slopes = {
-        "rss_anon_per_rank": max(fit(sizes, series)["slope"] for series in rank_rss) if len(rows) > 1 else None,
-        "prepare_time": fit(sizes, [r["prepare_s"] for r in rows])["slope"] if len(rows) > 1 else None,
-        "prepare_peak_memory": fit(sizes, [r["prepare_peak_above_start_mb"] for r in rows])["slope"]
-        if len(rows) > 1
-        else None,
+        "rss_anon_per_rank": max(rss) if len(rows) > 1 else None,
+        "prepare_time": slope([r["prepare_s"] for r in rows]),
+        "prepare_peak_memory": slope([r["prepare_peak_above_start_mb"] for r in rows]),
     }
     wait = {arm: max(r["loader"][arm]["wait_fraction"] for r in rows) for arm in map(str, args.workers)}
+    span, dropped = f"{sizes[0]}-{sizes[-1]} MB", [d for r in rows for d in r["dropped"]]
+    for name, key, goal, what in (
+        ("data_rss_anon_slope", "rss_anon_per_rank", RSS, "per-rank RssAnon log-log slope"),
+        ("data_prepare_slope", "prepare_time", PREPARE, "prepare time log-log slope"),
+        ("data_prepare_peak_slope", "prepare_peak_memory", PEAK, "prepare peak memory log-log slope"),
+    ):
+        value = slopes[key]
+        text = f"{what} {value:.3f} over {span}" if value is not None else f"{what}: one size only"
+        ctx.figure(name, text, value, goal)
+    text = f"start-up check of a 10 GB split {sparse_s * 1000:.1f} ms (sparse file)"
+    ctx.figure("data_verify_10gb", text, sparse_s, VERIFY)
+    for arm, frac in wait.items():
+        text = f"step time waiting for data {100 * frac:.2f}% at num_workers {arm} (worst of {span}, GPT on text)"
+        ctx.figure(f"data_loader_wait_workers{arm}", text, frac, WAIT, dropped=dropped)
     return {
-        "benchmark": "data",
-        "method": METHOD.strip(),
-        "sizes_mb": sizes,
-        "rows": rows,
-        "slopes": slopes,
-        "verify_10gb_sparse_s": sparse_s,
+        "sizes_mb": sizes, "rows": rows, "slopes": slopes, "verify_10gb_sparse_s": sparse_s,
         "loader_wait_fraction_worst_size": wait,
-        "goals": {
-            "rss_anon_slope_lt": RSS_SLOPE_GOAL,
-            "prepare_time_slope_le": PREPARE_SLOPE_GOAL,
-            "prepare_peak_slope_lt": PEAK_SLOPE_GOAL,
-            "loader_wait_fraction_le": WAIT_GOAL,
-            "verify_10gb_s_lt": VERIFY_GOAL_S,
-        },
+        "csv_rows": csv_rows(args.csv_rows, ctx.work) if args.csv_rows[0] else None,
+        "goals": {"rss_anon_slope_lt": RSS.target, "prepare_time_slope_le": PREPARE.target,
+                  "prepare_peak_slope_lt": PEAK.target, "loader_wait_fraction_le": WAIT.target,
+                  "verify_10gb_s_lt": VERIFY.target},
         "settings": {k: getattr(args, k) for k in ("repeats", "steps", "workers", "batch_size", "model", "nproc")},
-        **stats.machine(),
-    }
+    }  # fmt: skip
 
 
-def _verdict(value: float | None, ok: bool) -> bool | None:
-    return None if value is None else ok
-
-
-def write_summary(out_dir: Path, result: dict[str, Any]) -> None:
-    s, span = result["slopes"], f"{result['sizes_mb'][0]}-{result['sizes_mb'][-1]} MB"
-    lines = [
-        (
-            "data_rss_anon_slope",
-            s["rss_anon_per_rank"],
-            lambda v: v < RSS_SLOPE_GOAL,
-            f"< {RSS_SLOPE_GOAL}",
-            "per-rank RssAnon log-log slope",
-        ),
-        (
-            "data_prepare_slope",
-            s["prepare_time"],
-            lambda v: v <= PREPARE_SLOPE_GOAL,
-            f"<= {PREPARE_SLOPE_GOAL}",
-            "prepare time log-log slope",
-        ),
-        (
-            "data_prepare_peak_slope",
-            s["prepare_peak_memory"],
-            lambda v: v < PEAK_SLOPE_GOAL,
-            f"< {PEAK_SLOPE_GOAL} (bounded)",
-            "prepare peak memory log-log slope",
-        ),
-    ]
-    for name, value, ok, goal, what in lines:
-        figure = f"{what} {value:.3f} over {span}" if value is not None else f"{what}: one size only"
-        stats.write_summary_line(out_dir, name, figure, goal, _verdict(value, value is not None and ok(value)))
-    sparse = result["verify_10gb_sparse_s"]
-    stats.write_summary_line(
-        out_dir,
-        "data_verify_10gb",
-        f"start-up check of a 10 GB split {sparse * 1000:.1f} ms (sparse file)",
-        f"< {VERIFY_GOAL_S:.0f} s",
-        sparse < VERIFY_GOAL_S,
-    )
-    for arm, frac in result["loader_wait_fraction_worst_size"].items():
-        stats.write_summary_line(
-            out_dir,
-            f"data_loader_wait_workers{arm}",
-            f"step time waiting for data {100 * frac:.2f}% at num_workers {arm} (worst of {span}, GPT on text)",
-            f"<= {100 * WAIT_GOAL:.0f}%",
-            frac <= WAIT_GOAL,
-        )
-
-
-def run(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
-    """Measures every size, writes data.json and its summary lines; returns the result."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".bench-data-", dir=out_dir))
-    try:
-        rows = [measure_size(args, size, work) for size in sorted(args.sizes_mb)]
-        sparse_s = sparse_10gb_check_s(work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    result = summarize(rows, sparse_s, args)
-    atomic_write_json(out_dir / OUT_FILE, result)
-    write_summary(out_dir, result)
-    return result
-
-
-def headline(result: dict, out: Path) -> str:
-    s = result["slopes"]
-    fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
-    waits = ", ".join(f"{100 * v:.2f}% at {k} workers" for k, v in result["loader_wait_fraction_worst_size"].items())
-    return (
-        f"data: RssAnon slope {fmt(s['rss_anon_per_rank'])}, prepare slope {fmt(s['prepare_time'])}, "
-        f"peak slope {fmt(s['prepare_peak_memory'])}, 10 GB check {1000 * result['verify_10gb_sparse_s']:.1f} ms, "
-        f"loader wait {waits} -> {out / OUT_FILE}"
-    )
+BENCH = harness.Benchmark(
+    "data",
+    "data.json",
+    METHOD,
+    measure,
+    options=(
+        opt("--sizes-mb", [10, 100, 1000], "MB of text per size"),
+        opt("--repeats", 3, "timed repeats per size and arm"),
+        opt("--steps", 30, "training steps per arm and repeat"),
+        opt("--workers", [0, 2], "num_workers of each arm"),
+        opt("--batch-size", 16, "sequences per rank and step"),
+        opt("--model", GPT, "train.model of the gpt workload (JSON)", type=json.loads),
+        opt("--nproc", 2, "ranks of the DDP job"),
+        opt("--csv-rows", [1000, 10_000, 100_000], "CSV rows prepared (0: skip); 10^6: the issue's full range"),
+    ),
+)

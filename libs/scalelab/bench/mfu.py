@@ -9,41 +9,30 @@ The method is METHOD below; the JSON file (mfu.json) carries it.
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from scalelab.bench import stats
-from scalelab.runtime import seeds
-from scalelab.runtime.io import atomic_write_json
-from scalelab.runtime.repeats import repeat_totals, timed_repeats
-from scalelab.training import workloads
-from scalelab.training.loop import Optim, build_loop
+from scalelab.bench import harness, stats
+from scalelab.bench.harness import Goal, opt
+from scalelab.runtime.repeats import timed_repeats
 
 METHOD = """\
-One process times the training step of experiments/gpt.py (scalelab.training.loop.build_loop +
-Loop.step, strategy single: forward, next-token cross-entropy, backward, AdamW step) on two of the
-workload's synthetic token batches, already on the device, alternating. Warm-up steps are not
-timed; each repeat times `--steps` steps (CUDA synchronized before and after) and gives a step
-time; the figure is the median over `--repeats` repeats. FLOPs per step, analytic:
-(6*N + 12*n_layer*d_model*seq) * batch*seq, the standard estimate (Kaplan et al. 2020; PaLM's
-6N + 12LHQT), where N counts the parameters that take part in matrix products, i.e. all but the
-token and position embeddings (lookups; the LM head is untied and counted), and attention is
-counted over the full (not causal-halved) score matrix. Cross-check: one more step under
-torch.utils.flop_counter.FlopCounterMode (matrix products and attention; the CPU attention kernels
-added with torch's own SDPA formulas; its flash-style backward counts an extra QK^T, so it reads a
-few percent high). Achieved FLOP/s = analytic FLOPs per step / median step time. MFU = achieved /
-peak: the peak is --peak-tflops when given, else on CUDA the dense bf16 tensor-core peak of the
-device by name (PEAK_TFLOPS_BF16; bf16 only), else unknown and MFU is null. The goal is MFU >=
-GOAL_MFU (30%, the low end of the 33-39% torchtitan reports for Llama 3.1 8B on H100); the verdict
-is that comparison of the MFU (`meets_goal`; null, "not measured", without a peak).
+One process times the training step of experiments/gpt.py (Loop.step, strategy single: forward,
+next-token cross-entropy, backward, AdamW) on two synthetic token batches on the device. Warm-up
+steps untimed; each repeat times `--steps` steps (CUDA synchronized around them); busy repeats
+are retried or dropped; the figure is the median step. FLOPs per step, analytic:
+(6*N + 12*n_layer*d_model*seq) * batch*seq (Kaplan et al. 2020; PaLM's 6N + 12LHQT), N the
+parameters in matrix products (not the embeddings; the untied head counted), attention over the
+full score matrix. Cross-check: one step under torch.utils.flop_counter.FlopCounterMode (it reads
+a few percent high). Achieved FLOP/s = analytic FLOPs / median step. MFU = achieved / peak: the
+peak is --peak-tflops, else on CUDA in bf16 the device's dense peak by name (PEAK_TFLOPS_BF16),
+else unknown and MFU null ("not measured"). The goal is MFU >= 30% (the low end of the 33-39%
+torchtitan reports for Llama 3.1 8B on H100); the verdict is that comparison (`meets_goal`).
 """
 OUT_FILE = "mfu.json"
-GOAL_MFU = 0.30  # a fraction of the peak: the low end of what torchtitan reports on H100 (33-39%)
-GOAL = f"MFU >= {GOAL_MFU:.0%}"
+GOAL = Goal(">=", 0.30, "MFU >= 30%")  # of the peak: the low end of what torchtitan reports on H100 (33-39%)
 NO_PEAK = "peak FLOP/s unknown for this device; pass --peak-tflops"
 # dense bf16 tensor-core peaks (no sparsity), TFLOP/s, by a substring of the CUDA device name: first match wins
 PEAK_TFLOPS_BF16 = (("H100 PCIe", 756.0), ("H100", 989.0), ("H200", 989.0), ("A100", 312.0))
@@ -64,23 +53,7 @@ CPU_SDPA = {
 }
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to run (default: cpu)")
-    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="bf16: autocast")
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per repeat")
-    parser.add_argument("--repeats", type=int, default=5, help="timed repeats (default: 5)")
-    parser.add_argument("--warmup-steps", type=int, default=2, help="untimed steps first (default: 2)")
-    parser.add_argument("--batch", type=int, default=8, help="sequences per step")
-    parser.add_argument("--seq", type=int, default=128, help="tokens per sequence")
-    parser.add_argument("--layers", type=int, default=2, help="transformer blocks (default: 2)")
-    parser.add_argument("--d-model", type=int, default=128, help="model width (default: 128)")
-    parser.add_argument("--heads", type=int, default=0, help="0: d_model / 64 (at least 1)")
-    parser.add_argument("--vocab", type=int, default=512, help="vocabulary size, tokens (default: 512)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the random tokens (default: 0)")
-    parser.add_argument("--peak-tflops", type=float, default=None, help="the device's peak, TFLOP/s (default: table)")
-
-
-def model_config(args: argparse.Namespace) -> dict[str, Any]:
+def model_config(args: Any) -> dict[str, Any]:
     """The gpt workload's model section from the command line, after refusing bad sizes and peaks."""
     for key in ("steps", "repeats", "batch", "seq", "layers", "d_model", "vocab"):
         if getattr(args, key) < 1:
@@ -126,109 +99,85 @@ def device_name(device: torch.device) -> str:
     return f"cpu: {stats.machine()['cpu']}, {torch.get_num_threads()} torch threads"
 
 
-def measure(args: argparse.Namespace) -> dict[str, Any]:
+def measure_steps(args: Any, policy: dict[str, Any]) -> dict[str, Any]:
     """Builds the workload and its loop, counts one step's FLOPs, times the repeats."""
     if args.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda but torch.cuda.is_available() is False")
-    device = torch.device(args.device)
     model = model_config(args)
-    seeds.seed_all(args.seed)
-    wl = workloads.load("gpt", model, input_shape=[args.seq], num_classes=args.vocab, key="bench.mfu")
-    loop = build_loop(wl, device, strategy_name="single", precision=args.precision, optim=Optim(name="adamw", lr=3e-4))
-    gen = torch.Generator().manual_seed(args.seed)
-    pool = [wl.synthetic_batch(args.batch, device=device, generator=gen) for _ in range(2)]
+    spec = {"workload": "gpt", "model": model, "input_shape": [args.seq], "num_classes": args.vocab, "seed": args.seed}
+    spec |= {"device": args.device, "strategy": "single", "precision": args.precision, "batch": args.batch}
+    rank = harness.rank_loop(spec | {"optim": {"name": "adamw", "lr": 3e-4}, "threads": torch.get_num_threads()})
+    loop, pool, device = rank.loop, rank.batches, rank.device
     for i in range(args.warmup_steps):
         loop.step([pool[i % 2]])
     with FlopCounterMode(display=False, custom_mapping=CPU_SDPA) as counter:
         loop.step([pool[0]])
     last: dict[str, torch.Tensor] = {}
-    timed = timed_repeats(
-        {"step": lambda i: last.update(loss=loop.step([pool[i % 2]]))},
-        repeats=args.repeats,
-        steps=args.steps,
-        device=device,
+    step = {"step": lambda i: last.update(loss=loop.step([pool[i % 2]]))}
+    reps = harness.take_repeats(
+        lambda i: sum(timed_repeats(step, repeats=1, steps=args.steps, device=device)["step"][0]) / args.steps, policy
     )
-    step_s = [total / args.steps for total in repeat_totals(timed["step"])]
-    n_matmul = matmul_params(wl.model)
-    tokens = args.batch * args.seq
+    n_matmul, tokens = matmul_params(rank.wl.model), args.batch * args.seq
     return {
-        "model": model,
-        "params": sum(p.numel() for p in wl.model.parameters()),
-        "matmul_params": n_matmul,
-        "tokens_per_step": tokens,
+        "model": model, "params": sum(p.numel() for p in rank.wl.model.parameters()), "matmul_params": n_matmul,
+        "tokens_per_step": tokens, "flops_per_step_counted": int(counter.get_total_flops()),
         "flops_per_step_analytic": analytic_flops_per_token(n_matmul, args.layers, args.d_model, args.seq) * tokens,
-        "flops_per_step_counted": int(counter.get_total_flops()),
-        "step_time_s": step_s,
-        "final_loss": float(last["loss"]),
-        "device": device,
-    }
+        "step_time_s": reps.kept, "final_loss": float(last["loss"]), "device": device, "busy": reps,
+    }  # fmt: skip
 
 
-def summarize(args: argparse.Namespace, m: dict[str, Any]) -> dict[str, Any]:
-    device = m.pop("device")
+def measure(ctx: harness.Context) -> dict[str, Any]:
+    """mfu.json's figures and the summary line `mfu`."""
+    args = ctx.args
+    m = measure_steps(args, ctx.policy())
+    device, reps = m.pop("device"), m.pop("busy")
     median_s = stats.median(m["step_time_s"])
     achieved = m["flops_per_step_analytic"] / median_s / 1e12
     peak, peak_source = peak_tflops(device, args.precision, args.peak_tflops)
     mfu = achieved / peak if peak else None
-    return {
-        "benchmark": "mfu",
-        "method": METHOD.strip(),
-        "device": device_name(device),
-        "precision": args.precision,
-        "config": {
-            **m["model"],
-            "batch": args.batch,
-            "tokens_per_step": m["tokens_per_step"],
-            "steps_per_repeat": args.steps,
-            "warmup_steps": args.warmup_steps,
-            "optimizer": "adamw",
-            "strategy": "single",
-            "seed": args.seed,
-        },
-        "params": m["params"],
-        "matmul_params": m["matmul_params"],
-        "flops_per_step_analytic": m["flops_per_step_analytic"],
+    config = {**m["model"], "batch": args.batch, "tokens_per_step": m["tokens_per_step"]}
+    config |= {
+        "steps_per_repeat": args.steps,
+        "warmup_steps": args.warmup_steps,
+        "optimizer": "adamw",
+        "strategy": "single",
+        "seed": args.seed,
+    }
+    r = {
+        "device": device_name(device), "precision": args.precision, "config": config, "params": m["params"],
+        "matmul_params": m["matmul_params"], "flops_per_step_analytic": m["flops_per_step_analytic"],
         "flops_per_step_counted": m["flops_per_step_counted"],
         "counted_over_analytic": m["flops_per_step_counted"] / m["flops_per_step_analytic"],
-        "step_time_s_median": median_s,
-        "step_time_s": m["step_time_s"],
-        "repeats": args.repeats,
-        "tokens_per_s": m["tokens_per_step"] / median_s,
-        "achieved_tflops": achieved,
-        "peak_tflops": peak,
-        "peak_source": peak_source,
-        "mfu": mfu,
-        "mfu_reason": None if peak else NO_PEAK,
-        "goal_mfu": GOAL_MFU,
-        "meets_goal": None if mfu is None else mfu >= GOAL_MFU,
-        "final_loss": m["final_loss"],
-        **stats.machine(),
-        "torch": torch.__version__,
-    }
+        "step_time_s_median": median_s, "step_time_s": m["step_time_s"], "repeats": args.repeats,
+        "tokens_per_s": m["tokens_per_step"] / median_s, "achieved_tflops": achieved, "peak_tflops": peak,
+        "peak_source": peak_source, "mfu": mfu, "mfu_reason": None if peak else NO_PEAK, "goal_mfu": GOAL.target,
+        "meets_goal": GOAL.met(mfu), "final_loss": m["final_loss"], **reps.json(), "torch": torch.__version__,
+    }  # fmt: skip
+    size = f"{config['layers']} layers, d_model {config['d_model']}, seq {config['seq_len']}, batch {args.batch}"
+    text = f"{achieved * 1e3:.3g} GFLOP/s achieved ({args.precision}, {r['device']}; {size})"
+    text += f"; MFU null: {NO_PEAK}" if mfu is None else f"; MFU {100 * mfu:.1f}% of {peak:g} TFLOP/s ({peak_source})"
+    ctx.figure("mfu", text, mfu, GOAL, dropped=reps.dropped)
+    return r
 
 
-def figure_text(r: dict[str, Any]) -> str:
-    c = r["config"]
-    size = f"{c['layers']} layers, d_model {c['d_model']}, seq {c['seq_len']}, batch {c['batch']}"
-    text = f"{r['achieved_tflops'] * 1e3:.3g} GFLOP/s achieved ({r['precision']}, {r['device']}; {size})"
-    if r["mfu"] is None:
-        return f"{text}; MFU null: {r['mfu_reason']}"
-    return f"{text}; MFU {100 * r['mfu']:.1f}% of {r['peak_tflops']:g} TFLOP/s ({r['peak_source']})"
-
-
-def run(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
-    """Measures, writes mfu.json and the summary line `mfu`."""
-    result = summarize(args, measure(args))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out_dir / OUT_FILE, result)
-    stats.write_summary_line(out_dir, "mfu", figure_text(result), GOAL, result["meets_goal"])
-    return result
-
-
-def headline(result: dict, out: Path) -> str:
-    """One line with the figures and their units."""
-    mfu = "not measured" if result["mfu"] is None else f"{100 * result['mfu']:.1f}%"
-    return (
-        f"mfu: {result['achieved_tflops'] * 1e3:.3g} GFLOP/s, step {1000 * result['step_time_s_median']:.1f} ms "
-        f"(counted/analytic FLOPs {result['counted_over_analytic']:.3f}), MFU {mfu} -> {out / OUT_FILE}"
-    )
+BENCH = harness.Benchmark(
+    "mfu",
+    "mfu.json",
+    METHOD,
+    measure,
+    options=(
+        opt("--device", "cpu", "where to run", choices=["cpu", "cuda"]),
+        opt("--precision", "fp32", "bf16: autocast", choices=["fp32", "bf16"]),
+        opt("--steps", 5, "timed steps per repeat"),
+        opt("--repeats", 5, "timed repeats"),
+        opt("--warmup-steps", 2, "untimed steps first"),
+        opt("--batch", 8, "sequences per step"),
+        opt("--seq", 128, "tokens per sequence"),
+        opt("--layers", 2, "transformer blocks"),
+        opt("--d-model", 128, "model width"),
+        opt("--heads", 0, "0: d_model / 64 (at least 1)"),
+        opt("--vocab", 512, "vocabulary size, tokens"),
+        opt("--seed", 0, "seed of the weights and the random tokens"),
+        opt("--peak-tflops", None, "the device's peak, TFLOP/s (default: table)", type=float),
+    ),
+)

@@ -17,16 +17,16 @@ from scalelab.config import ConfigError, Params, parse_params, read_yaml
 from scalelab.config.overrides import apply, parse_overrides
 from scalelab.launch.local import worker_command
 
-
-def add_set_argument(parser: Any) -> None:
-    parser.add_argument(
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a params key, as -S does (repeatable), e.g. --set train.epochs=2",
-    )
+SET_OPTION = (
+    "--set",
+    {
+        "dest": "sets",
+        "action": "append",
+        "default": [],
+        "metavar": "KEY=VALUE",
+        "help": "override a params key, as -S does (repeatable), e.g. --set train.epochs=2",
+    },
+)
 
 
 def params_tree(path: str | Path, sets: list[str]) -> dict[str, Any]:

@@ -1,121 +1,54 @@
 """How scalelab's costs grow with the work: a log-log slope per cost, and whether it is linear or worse.
 
     scalelab bench scaling --out results/bench                 # -> scaling.json, scaling.png
-    scalelab bench scaling --max-rows 1000000 --max-params 100000000   # the issue's full ranges
     scalelab bench scaling --cells 1 2 4 8 16 --run-steps 10 100 1000 10000   # longer study, reproduce
 
-The method is METHOD below; the JSON file carries it.
+It times two whole commands as fresh processes (`python -m scalelab.cli ...`, as dvc.yaml and a
+user run them): the speedup study against its number of cells and `scalelab reproduce` against
+the length of the run it reruns. The other curves come from the figures the benchmarks that own
+them wrote into the same folder (`scalelab bench all` runs this one last): each is measured once.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
+import os
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
+import yaml
 
-from scalelab import tracking
-from scalelab.bench import scaling_runs, stats
-from scalelab.runtime.io import atomic_write_json
-from scalelab.training.checkpoint import Checkpointer
-
-METHOD = """\
-Each cost is timed at sizes a decade apart and fitted with least squares on log(cost) against
-log(size): slope 1 is linear growth. Growth is "sub-linear" (slope < 0.9, fixed costs still
-dominate), "linear" (0.9-1.1) or "worse than linear" (> 1.1, the goal's failure). Each point is
-the median of `--repeats` (prepare: of `--repeats` calls in one fresh process; study and
-reproduce, whole commands of seconds to minutes: one run per size).
-- tracking: MlflowTracker.log_metrics with N metrics per step for `--tracking-steps` steps, a
-  flush(wait=False) every 10 steps; `in_thread_us_per_step` is the training thread's CPU time
-  (time.thread_time_ns) in those calls; `store_s_per_step` the wall time until the writer process
-  has stored them (SQLite), per step. One run and writer, started before the timing.
-- prepare: scalelab.data.prepare.prepare on a CSV of R rows x 32 float features + label (source
-  file), in one fresh Python process, smallest first; `peak_rss_mb` is that process's peak
-  resident memory while preparing (psutil, sampled every 2 ms) and `peak_rss_above_baseline_mb`
-  the same less its resident memory just before (imports and earlier sizes).
-- checkpoint: Checkpointer.save and load_latest of a state holding one float32 tensor of P
-  parameters plus an AdamW-like optimizer state (two more tensors of P), on the local disk
-  (save: torch.save into memory, then a temp file, fsync and os.replace). `local_slopes` give the
-  slope decade by decade: a save that outgrows the page cache runs at disk speed.
-- study: the whole `scalelab speedup` (`python -m scalelab.cli speedup`, the command of the dvc
-  stage `speedup`) as a fresh process, wall time from start to exit, once per size (smallest
-  first), each into a fresh output folder (no cached cell). Only the number of cells changes: one
-  setup (ddp at world size 1, so one setup on any machine; `single` adds one per thread count) and
-  N nearly equal `batch_sizes` (64, 65, ..., 64+N-1), each cell a tiny MLP (64 wide, 32 features),
-  1 warm-up + 2 timed steps x 2 repeats, on CPU, tracked into the SQLite store (a parent run and
-  one child run per cell). `per_cell_s` is wall / cells.
-- reproduce: a copy of the repository's files committed into a fresh git repository; tracked runs
-  (`scalelab train`, single process, 1 thread, MLP 32 wide, batch 32, 10 steps per epoch on 457
-  synthetic samples, epochs = steps / 10, system metrics off) of each length in `--run-steps`,
-  then `scalelab reproduce RUN_ID --yes` of each as a fresh process, wall time from start to exit
-  (it verifies the data, checks out a git worktree, retrains with the same params and compares
-  every metric bitwise). `train_s` is the original run's own `scalelab train` wall time; `fixed_s`
-  is reproduce less it: the fixed costs on top of retraining. Once per size, smallest first.
-"""
-OUT_FILE, PLOT_FILE = "scaling.json", "scaling.png"
-LINEAR_BAND = (0.9, 1.1)
-PREPARE_CHILD = """\
-import gc, json, shutil, sys, threading, time
-import numpy, pandas, psutil  # prepare imports numpy and pandas on first use: not in any size's time
+from scalelab.bench import harness, pipeline
+from scalelab.bench.dvc_repro import copy_repo
+from scalelab.bench.harness import Goal, opt
 from scalelab.config import DataConfig, build
 from scalelab.data.prepare import prepare
-repeats, out = int(sys.argv[1]), sys.argv[2]
-me, peak, done = psutil.Process(), [0], threading.Event()
-def sample():  # resident memory every 2 ms
-    while not done.wait(0.002):
-        peak[0] = max(peak[0], me.memory_info().rss)
-for csv in sys.argv[3:]:
-    cfg = build(DataConfig, {"source": "file", "file": {"path": csv, "label_column": "label"}})
-    gc.collect()
-    base, times = me.memory_info().rss, []
-    peak[0] = base
-    done.clear(); sampler = threading.Thread(target=sample); sampler.start()
-    for _ in range(repeats):
-        start = time.perf_counter(); prepare(cfg, out); times.append(time.perf_counter() - start)
-    done.set(); sampler.join()
-    shutil.rmtree(out)
-    print(json.dumps({"times_s": times, "peak_b": peak[0], "base_b": base}), flush=True)
+from scalelab.launch.local import worker_command
+from scalelab.runtime.paths import PACKAGE_ROOT
+from scalelab.training.plan import RESOLVED_FILE, RUN_FILE
+
+METHOD = """\
+Each cost, at sizes a decade apart, fitted with least squares on log(cost) against log(size):
+slope 1 is linear. Growth is "sub-linear" (< 0.9), "linear" (0.9-1.1) or "worse than linear"
+(> 1.1, the goal's failure); `local_slopes` go decade by decade. From the files of the benchmarks
+that measure them, in the same folder (missing: "not measured"): the tracker's in-thread CPU and
+store time against metrics per step (tracking_overhead.json), `prepare` time and peak memory of
+a CSV against its rows (data.json), the full-state checkpoint's save and load at one rank against
+parameters (checkpoint.json). Measured here, once per size, smallest first: `study`, the whole
+`scalelab speedup` as a fresh process into a fresh folder, N cells of one tiny ddp-w1 setup at
+batch sizes 64, 65, ... (`per_cell_s`: wall / cells); `reproduce`, tracked `scalelab train` runs
+of each `--run-steps` length in a committed copy of the repository, then `scalelab reproduce
+RUN_ID --yes` of each (`train_s`: the run's own time; `fixed_s`: reproduce less it).
 """
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--metrics", type=int, nargs="+", default=[1, 10, 100, 1000], help="metrics per step")
-    parser.add_argument(
-        "--tracking-steps", type=int, default=30, help="logged steps per metric count and repeat (default: 30)"
-    )
-    parser.add_argument(
-        "--min-rows", type=int, default=1000, help="smallest data prepared, rows; x10 up to --max-rows (default: 1000)"
-    )
-    parser.add_argument("--max-rows", type=int, default=100_000, help="10^6: the issue's full range")
-    parser.add_argument(
-        "--min-params",
-        type=int,
-        default=100_000,
-        help="smallest checkpoint, parameters; x10 up to --max-params (default: 100000)",
-    )
-    parser.add_argument("--max-params", type=int, default=10_000_000, help="10^8: the issue's full range")
-    parser.add_argument("--cells", type=int, nargs="+", default=[1, 2, 4, 8], help="study sizes (cells)")
-    parser.add_argument(
-        "--run-steps", type=int, nargs="+", default=[10, 100, 1000], help="reproduce: training steps (x10)"
-    )
-    parser.add_argument("--repeats", type=int, default=3, help="in-process curves (the study and reproduce: once)")
-
-
-def decades(low: int, high: int) -> list[int]:
-    """low, 10 low, ... up to high (inclusive)."""
-    out = [low]
-    while out[-1] * 10 <= high:
-        out.append(out[-1] * 10)
-    return out
+PLOT_FILE = "scaling.png"
+LINEAR_BAND = (0.9, 1.1)
+GOAL = Goal("<=", LINEAR_BAND[1], "linear or better (slope <= 1.1)")
 
 
 def fit(sizes: list[float], costs: list[float]) -> dict[str, Any]:
@@ -132,112 +65,6 @@ def fit(sizes: list[float], costs: list[float]) -> dict[str, Any]:
         "local_slopes": local,
         "growth": growth,
         "linear_or_better": slope <= LINEAR_BAND[1],
-    }
-
-
-def tracking_costs(metrics: list[int], steps: int, repeats: int, work: Path) -> dict[str, list[float]]:
-    from scalelab.tracking import runs
-
-    client = runs.client(f"sqlite:///{work / 'mlflow.db'}")
-    exp = tracking.experiment_id(client, "bench-scaling")
-    in_thread, store = [], []
-    run_id = client.create_run(exp, run_name="scaling").info.run_id
-    tracker = tracking.MlflowTracker(client, run_id, writer_after_s=0)  # the writer path, from the start
-    tracker.log_metrics({"start": 0.0}, 0)
-    tracker.flush(wait=False)
-    tracker.flush(wait=True)  # the writer runs before the timing
-    for n in metrics:
-        cpu_us, store_s = [], []
-        for rep in range(repeats):
-            cpu_ns, start = 0, time.perf_counter()
-            for step in range(1 + rep * steps, 1 + (rep + 1) * steps):
-                values = {f"n{n}_m{i}": float(step + i) for i in range(n)}
-                cpu = time.thread_time_ns()
-                tracker.log_metrics(values, step)
-                if step % 10 == 0:
-                    tracker.flush(wait=False)
-                cpu_ns += time.thread_time_ns() - cpu
-            tracker.flush(wait=True)
-            store_s.append((time.perf_counter() - start) / steps)
-            cpu_us.append(cpu_ns / 1000.0 / steps)
-        in_thread.append(statistics.median(cpu_us))
-        store.append(statistics.median(store_s))
-    tracker.finish()
-    return {"in_thread_us_per_step": in_thread, "store_s_per_step": store}
-
-
-def prepare_costs(rows: list[int], repeats: int, work: Path) -> dict[str, list[float]]:
-    import numpy as np
-    import pandas as pd
-
-    files = []
-    for n in rows:
-        rng = np.random.default_rng(0)
-        frame = pd.DataFrame(rng.standard_normal((n, 32)), columns=[f"f{i}" for i in range(32)])
-        frame["label"] = rng.integers(0, 10, n)
-        files.append(work / f"rows-{n}.csv")
-        frame.to_csv(files[-1], index=False)
-    cmd = [sys.executable, "-c", PREPARE_CHILD, str(repeats), str(work / "prepared"), *map(str, files)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"prepare failed: {proc.stderr[-2000:]}")
-    got = [json.loads(line) for line in proc.stdout.strip().splitlines()[-len(rows) :]]
-    for csv in files:
-        csv.unlink()
-    return {
-        "time_s": [statistics.median(g["times_s"]) for g in got],
-        "peak_rss_mb": [g["peak_b"] / 2**20 for g in got],
-        "peak_rss_above_baseline_mb": [max(g["peak_b"] - g["base_b"], 4096) / 2**20 for g in got],
-    }
-
-
-def checkpoint_costs(params: list[int], repeats: int, work: Path) -> dict[str, list[float]]:
-    save, load = [], []
-    for n in params:
-        state = {"model": {"w": torch.randn(n)}, "optimizer": {"exp_avg": torch.zeros(n), "exp_avg_sq": torch.zeros(n)}}
-        ckpt = Checkpointer(work / f"ckpt-{n}", "bench", keep=1)
-        save_s, load_s = [], []
-        for rep in range(repeats):
-            start = time.perf_counter()
-            ckpt.save(rep + 1, state)
-            save_s.append(time.perf_counter() - start)
-            start = time.perf_counter()
-            assert ckpt.load_latest() is not None
-            load_s.append(time.perf_counter() - start)
-        save.append(statistics.median(save_s))
-        load.append(statistics.median(load_s))
-        shutil.rmtree(work / f"ckpt-{n}", ignore_errors=True)
-    return {"save_s": save, "load_s": load}
-
-
-def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    rows, params = decades(args.min_rows, args.max_rows), decades(args.min_params, args.max_params)
-    track = tracking_costs(args.metrics, args.tracking_steps, args.repeats, work)
-    prep = prepare_costs(rows, args.repeats, work)
-    ckpt = checkpoint_costs(params, args.repeats, work)
-    study = scaling_runs.study_costs(args.cells, work)
-    rep = scaling_runs.reproduce_costs(args.run_steps, work)
-    fixed = [r - t for r, t in zip(rep["reproduce_s"], rep["train_s"])]
-    return {
-        "tracking_in_thread_vs_metrics_per_step": fit(args.metrics, track["in_thread_us_per_step"]),
-        "tracking_store_vs_metrics_per_step": fit(args.metrics, track["store_s_per_step"]),
-        "prepare_time_vs_csv_rows": fit(rows, prep["time_s"]),
-        "prepare_peak_memory_vs_csv_rows": {
-            **fit(rows, prep["peak_rss_above_baseline_mb"]),
-            "peak_rss_mb": prep["peak_rss_mb"],
-        },
-        "checkpoint_save_vs_parameters": fit(params, ckpt["save_s"]),
-        "checkpoint_load_vs_parameters": fit(params, ckpt["load_s"]),
-        "study_wall_vs_cells": {**fit(args.cells, study["wall_s"]), "per_cell_s": study["per_cell_s"]},
-        "reproduce_vs_run_length": {
-            **fit(rep["steps"], rep["reproduce_s"]),
-            "train_s": rep["train_s"],
-            "fixed_s": fixed,
-            "train_slope": fit(rep["steps"], rep["train_s"])["slope"],
-            "matched": rep["matched"],
-            "note": f"reproduce {rep['reproduce_s'][-1]:.1f} s = training {rep['train_s'][-1]:.1f} s "
-            f"+ {fixed[-1]:.1f} s at {rep['steps'][-1]} steps",
-        },
     }
 
 
@@ -277,36 +104,199 @@ def plot(curves: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def run(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
-    """Measures, writes scaling.json, scaling.png and one summary line per curve."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".bench-scaling-", dir=out_dir)).resolve()  # runs from other cwds
+STUDY_BATCH = 64  # cell i runs batch STUDY_BATCH + i: nearly equal work, a distinct cell each
+STUDY = {
+    "workload": "mlp",
+    "model": {"hidden": [64], "dropout": 0.0},
+    "num_features": 32,
+    "strategies": ["ddp"],  # one setup (ddp-w1) on any machine: `single` adds a setup per thread count
+    "world_sizes": [1],
+    "precisions": ["fp32"],
+    "compile": [False],
+    "device": "cpu",
+    "warmup_steps": 1,
+    "timed_steps": 2,
+    "repeats": 2,
+}
+STEPS_PER_EPOCH = 10
+# 457 synthetic samples split 320 / 46 / 91 (train / val / test): 10 steps of 32 per epoch
+RUN_DATA = {"source": "synthetic", "synthetic": {"num_samples": 457, "num_features": 32}}
+RUN_TRAIN = {
+    "strategy": "single",
+    "nproc_per_node": 1,
+    "threads_per_process": 1,
+    "device": "cpu",
+    "batch_size": 32,
+    "model": {"hidden": [32], "dropout": 0.0},
+    "untimed_steps": 2,
+}
+
+
+def _base_params(root: Path) -> dict[str, Any]:
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["tracking"].update(experiment="bench-scaling", enabled=True, system_metrics_interval_s=0.0)
+    return params
+
+
+def _scalelab(args: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, subprocess.CompletedProcess]:
+    """Runs `scalelab ARGS` as a fresh process; returns (wall seconds, the finished process)."""
+    start = time.perf_counter()
+    proc = subprocess.run(worker_command(args), cwd=cwd, env=env, capture_output=True, text=True)
+    return time.perf_counter() - start, proc
+
+
+def _tail(proc: subprocess.CompletedProcess) -> str:
+    return " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-6:])[-1500:]
+
+
+def study_params(cells: int) -> dict[str, Any]:
+    """params.yaml for a study of `cells` cells: STUDY at batch sizes STUDY_BATCH, +1, ..."""
+    params = _base_params(PACKAGE_ROOT)
+    params["speedup"].update(STUDY, batch_sizes=[STUDY_BATCH + i for i in range(cells)])
+    return params
+
+
+def study_costs(cells: list[int], work: Path) -> dict[str, list[float]]:
+    """Wall time of a whole `scalelab speedup` with N cells, each study in a fresh folder."""
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}"}
+    wall, per_cell = [], []
+    for n in cells:
+        folder = work / f"study-{n}"
+        folder.mkdir()
+        pipeline.write_params(folder / "params.yaml", study_params(n))  # a repository of its own
+        args = ["speedup", "--params", "params.yaml", "--out", "out", "--cells", "cells"]  # a fresh cell cache
+        wall_s, proc = _scalelab(args, folder, env)
+        if proc.returncode != 0:
+            raise RuntimeError(f"scalelab speedup ({n} cells) exited {proc.returncode}: {_tail(proc)}")
+        measured = proc.stderr.count("measuring ")
+        if measured != n:
+            raise RuntimeError(f"the {n}-cell study measured {measured} cells: {_tail(proc)}")
+        wall.append(wall_s)
+        per_cell.append(wall_s / n)
+    return {"wall_s": wall, "per_cell_s": per_cell}
+
+
+def _git(repo: Path, *args: str) -> None:
+    git = ["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", "-c", "commit.gpgsign=false"]
+    subprocess.run([*git, *args], cwd=repo, check=True, capture_output=True)
+
+
+def reproduce_costs(run_steps: list[int], work: Path) -> dict[str, list[float]]:
+    """Trains a tracked run of each length in a committed copy of the repository, then times
+    `scalelab reproduce` of each; returns both wall times and the steps each run planned."""
+    bad = [s for s in run_steps if s % STEPS_PER_EPOCH]
+    if bad:
+        raise ValueError(f"--run-steps {bad}: each must be a multiple of {STEPS_PER_EPOCH} (steps per epoch)")
+    tmp = Path(tempfile.mkdtemp(prefix="scalelab-bench-scaling-"))  # outside any checkout
     try:
-        curves = measure(args, work)
+        return _reproduce_costs(run_steps, copy_repo(PACKAGE_ROOT, tmp / "repo"), work)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
-    plot(curves, out_dir / PLOT_FILE)
-    result = {
-        "benchmark": "scaling",
-        "method": METHOD,
-        "repeats": args.repeats,
-        "linear_band": list(LINEAR_BAND),
-        "curves": curves,
-        "units": {k: {"size": v[0], "cost": v[1]} for k, v in UNITS.items()},
-        "plot": PLOT_FILE,
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _reproduce_costs(run_steps: list[int], repo: Path, work: Path) -> dict[str, list[float]]:
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "bench copy")
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}",
+        "PYTHONPATH": os.pathsep.join([str(repo / "libs"), str(repo), os.environ.get("PYTHONPATH", "")]),
     }
-    atomic_write_json(out_dir / OUT_FILE, result)
-    for name, curve in curves.items():
-        figure = (
-            f"log-log slope {curve['slope']:.2f} ({curve['growth']}) over {curve['sizes'][0]:g}..{curve['sizes'][-1]:g}"
-            + (f"; {curve['note']}" if "note" in curve else "")
-        )
-        stats.write_summary_line(
-            out_dir, f"scaling_{name}", figure, "linear or better (slope <= 1.1)", curve["linear_or_better"]
-        )
-    return result
+    base = _base_params(repo)
+    base["data"].update(RUN_DATA)
+    prepare(build(DataConfig, base["data"]), repo / "data/prepared")  # not timed; ignored by git
+    train_s, reproduce_s, steps, matched = [], [], [], []
+    for n in run_steps:
+        params = {**base, "train": {**base["train"], **RUN_TRAIN, "epochs": n // STEPS_PER_EPOCH}}
+        path = repo / "results" / f"params-{n}.yaml"  # in the copy (its repository), ignored by git: a clean tree
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(params, sort_keys=False))
+        out = repo / f"results/train-{n}"
+        args = ["train", "--params", str(path), "--data", "data/prepared", "--out", str(out.relative_to(repo))]
+        wall_s, proc = _scalelab(args, repo, env)
+        if proc.returncode != 0:
+            raise RuntimeError(f"scalelab train ({n} steps) exited {proc.returncode}: {_tail(proc)}")
+        train_s.append(wall_s)
+        steps.append(json.loads((out / RESOLVED_FILE).read_text())["plan"]["total_steps"])
+        run_id = json.loads((out / RUN_FILE).read_text())["run_id"]
+        wall_s, proc = _scalelab(["reproduce", run_id, "--yes"], repo, env)
+        if proc.returncode not in (0, 1):  # 1: ran, but a figure differed (still a timing)
+            raise RuntimeError(f"scalelab reproduce ({n} steps) exited {proc.returncode}: {_tail(proc)}")
+        reproduce_s.append(wall_s)
+        matched.append(proc.returncode == 0)
+    return {"reproduce_s": reproduce_s, "train_s": train_s, "steps": steps, "matched": matched}
 
 
-def headline(result: dict, out: Path) -> str:
-    slopes = ", ".join(f"{k.split('_vs_')[0]} {v['slope']:.2f}" for k, v in result["curves"].items())
-    return f"scaling slopes: {slopes} -> {out / OUT_FILE}, {out / PLOT_FILE}"
+def from_files(out: Path) -> dict[str, Any]:
+    """The curves other benchmarks measured, from their JSON files in `out` (None: not there)."""
+    read = lambda name: json.loads((out / name).read_text()) if (out / name).is_file() else {}  # noqa: E731
+    curves: dict[str, Any] = {}
+    track = read("tracking_overhead.json").get("metrics_per_step")
+    if track:
+        curves["tracking_in_thread_vs_metrics_per_step"] = fit(track["metrics"], track["in_thread_us_per_step"])
+        curves["tracking_store_vs_metrics_per_step"] = fit(track["metrics"], track["store_s_per_step"])
+    rows = read("data.json").get("csv_rows")
+    if rows:
+        curves["prepare_time_vs_csv_rows"] = fit(rows["rows"], rows["prepare_s"])
+        peak = fit(rows["rows"], rows["prepare_peak_above_start_mb"])
+        curves["prepare_peak_memory_vs_csv_rows"] = {**peak, "peak_rss_mb": rows["prepare_peak_mb"]}
+    from scalelab.bench.checkpoint import ARMS
+
+    full = sorted(
+        (r["parameters"], r)
+        for r in read("checkpoint.json").get("rows", [])
+        if r["strategy"] == ARMS[0] and r["world_size"] == 1
+    )  # noqa: E501
+    if len(full) > 1:
+        curves["checkpoint_save_vs_parameters"] = fit([p for p, _ in full], [r["save_s"] for _, r in full])
+        curves["checkpoint_load_vs_parameters"] = fit([p for p, _ in full], [r["load_s"] for _, r in full])
+    return curves
+
+
+SOURCES = {"tracking": "tracking", "prepare": "data", "checkpoint": "checkpoint"}
+
+
+def measure(ctx: harness.Context) -> dict[str, Any]:
+    """The two whole-command curves, measured, beside the others' curves; a line per curve."""
+    args = ctx.args
+    curves = from_files(ctx.out)
+    study = study_costs(args.cells, ctx.work)
+    rep = reproduce_costs(args.run_steps, ctx.work)
+    fixed = [r - t for r, t in zip(rep["reproduce_s"], rep["train_s"])]
+    curves["study_wall_vs_cells"] = {**fit(args.cells, study["wall_s"]), "per_cell_s": study["per_cell_s"]}
+    curves["reproduce_vs_run_length"] = {
+        **fit(rep["steps"], rep["reproduce_s"]), "train_s": rep["train_s"], "fixed_s": fixed,
+        "train_slope": fit(rep["steps"], rep["train_s"])["slope"], "matched": rep["matched"],
+        "note": f"reproduce {rep['reproduce_s'][-1]:.1f} s = training {rep['train_s'][-1]:.1f} s "
+        f"+ {fixed[-1]:.1f} s at {rep['steps'][-1]} steps",
+    }  # fmt: skip
+    curves = {name: curves[name] for name in UNITS if name in curves}
+    plot(curves, ctx.out / PLOT_FILE)
+    not_measured = {}
+    for name in UNITS:
+        curve = curves.get(name)
+        if curve is None:
+            source = SOURCES[name.split("_")[0]]
+            not_measured[name] = f"not measured: run `scalelab bench {source}` into this folder first"
+            ctx.figure(f"scaling_{name}", not_measured[name], None, GOAL)
+            continue
+        text = (
+            f"log-log slope {curve['slope']:.2f} ({curve['growth']}) over {curve['sizes'][0]:g}..{curve['sizes'][-1]:g}"  # noqa: E501
+        )
+        ctx.figure(f"scaling_{name}", text + (f"; {curve['note']}" if "note" in curve else ""), curve["slope"], GOAL)
+    result = {"linear_band": list(LINEAR_BAND), "curves": curves, "plot": PLOT_FILE}
+    result["units"] = {k: {"size": v[0], "cost": v[1]} for k, v in UNITS.items()}
+    return result | ({"not_measured": not_measured} if not_measured else {})
+
+
+BENCH = harness.Benchmark(
+    "scaling",
+    "scaling.json",
+    METHOD,
+    measure,
+    options=(
+        opt("--cells", [1, 2, 4, 8], "study sizes (cells)"),
+        opt("--run-steps", [10, 100, 1000], "reproduce: training steps (x10)"),
+    ),
+)

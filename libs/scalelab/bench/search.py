@@ -7,21 +7,18 @@ The method is METHOD below; the JSON file carries it.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from scalelab.bench import stats
-from scalelab.runtime.io import atomic_write_json
+from scalelab.bench import harness, stats
+from scalelab.bench.harness import Goal, opt
 from scalelab.runtime.paths import PACKAGE_ROOT
 
 METHOD = """\
@@ -38,19 +35,12 @@ trial states and the wall time. `--repeats` repeats every arm with another seed 
 OUT_FILE = "search.json"
 GRID_LRS = [1e-4, 6.3e-4, 4e-3, 0.025, 0.16, 1.0]
 SPACE = {"train.lr": "loguniform(1e-4,1.0)", "train.model.hidden": "choice([16],[64])"}
+GOAL = Goal("<=", 1.0, "tpe with median pruning reaches a val_loss <= random's with fewer steps")
 ARMS = {  # name -> (method, pruner, space)
     "tpe_median": ("tpe", "median", SPACE),
     "random": ("random", "none", SPACE),
     "grid": ("grid", "none", {"train.lr": ",".join(map(str, GRID_LRS)), "train.model.hidden": "[16],[64]"}),
 }
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--repo", default=str(PACKAGE_ROOT), help="the repository whose params.yaml is shrunk")
-    parser.add_argument("--trials", type=int, default=len(GRID_LRS) * 2, help="the budget of every arm")
-    parser.add_argument("--parallel", type=int, default=2, help="local workers of every arm (default: 2)")
-    parser.add_argument("--epochs", type=int, default=4, help="train.epochs of every trial (default: 4)")
-    parser.add_argument("--repeats", type=int, default=1, help="seeds per arm")
 
 
 def _params(repo: Path, epochs: int, seed: int) -> dict[str, Any]:
@@ -64,7 +54,7 @@ def _params(repo: Path, epochs: int, seed: int) -> dict[str, Any]:
     return params
 
 
-def run_arm(work: Path, name: str, args: argparse.Namespace, seed: int, data: Path) -> dict[str, Any]:
+def run_arm(work: Path, name: str, args: Any, seed: int, data: Path) -> dict[str, Any]:
     method, pruner, space = ARMS[name]
     folder = work / f"{name}-{seed}"
     folder.mkdir(parents=True)
@@ -95,55 +85,53 @@ def run_arm(work: Path, name: str, args: argparse.Namespace, seed: int, data: Pa
     }
 
 
-def run(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
-    """Runs every arm in a temporary folder, writes search.json and a summary line."""
+def measure(ctx: harness.Context) -> dict[str, Any]:
+    """Runs every arm (each seed in turn), then compares TPE with random on their medians."""
     from scalelab.config import DataConfig, build
     from scalelab.data.prepare import prepare
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="scalelab-bench-search-"))
-    try:
-        data = work / "data"
-        prepare(build(DataConfig, {}), data)
-        runs = [run_arm(work, name, args, seed, data) for seed in range(args.repeats) for name in ARMS]
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    args, data = ctx.args, ctx.work / "data"
+    prepare(build(DataConfig, {}), data)
+    runs = [run_arm(ctx.work, name, args, seed, data) for seed in range(args.repeats) for name in ARMS]
     arms = {}
     for name in ARMS:
         mine = [r for r in runs if r["arm"] == name]
+        best = [r["best_val_loss"] for r in mine if r["best_val_loss"] is not None]
         arms[name] = {
-            "best_val_loss_median": stats.median([r["best_val_loss"] for r in mine if r["best_val_loss"] is not None]),
+            "best_val_loss_median": stats.median(best) if best else None,
             "compute_steps_median": stats.median([r["compute_steps"] for r in mine]),
             "wall_s_median": stats.median([r["wall_s"] for r in mine]),
         }
     tpe, rnd = arms["tpe_median"], arms["random"]
-    met = tpe["best_val_loss_median"] <= rnd["best_val_loss_median"] and (
-        tpe["compute_steps_median"] < rnd["compute_steps_median"]
-    )
-    result = {
-        "benchmark": "search",
-        "method": METHOD.strip(),
-        "trials": args.trials,
-        "parallel": args.parallel,
-        "epochs": args.epochs,
-        "repeats": args.repeats,
-        "arms": arms,
-        "runs": runs,
-        "goal": "tpe with median pruning reaches a val_loss <= random's with fewer steps",
-        "meets_goal": met,
-        **stats.machine(),
-    }
-    atomic_write_json(out_dir / OUT_FILE, result)
-    stats.write_summary_line(out_dir, "search", _figure(arms), result["goal"], met)
-    return result
-
-
-def _figure(arms: dict[str, Any]) -> str:
-    return "; ".join(
-        f"{name} best val_loss {a['best_val_loss_median']:.4f} in {a['compute_steps_median']:.0f} steps"
+    measured = tpe["best_val_loss_median"] is not None and rnd["best_val_loss_median"] is not None
+    # TPE's loss over random's (goal <= 1), and only with fewer steps
+    ratio = tpe["best_val_loss_median"] / rnd["best_val_loss_median"] if measured else None
+    fewer = tpe["compute_steps_median"] < rnd["compute_steps_median"]
+    loss = {
+        name: "none" if a["best_val_loss_median"] is None else f"{a['best_val_loss_median']:.4f}"
         for name, a in arms.items()
+    }
+    figure = "; ".join(
+        f"{name} best val_loss {loss[name]} in {a['compute_steps_median']:.0f} steps" for name, a in arms.items()
     )
+    ctx.figure("search", figure, ratio, GOAL, also=fewer)
+    return {
+        "trials": args.trials, "parallel": args.parallel, "epochs": args.epochs, "repeats": args.repeats,
+        "arms": arms, "runs": runs, "goal": str(GOAL), "meets_goal": GOAL.met(ratio, also=fewer),
+    }  # fmt: skip
 
 
-def headline(result: dict, out: Path) -> str:
-    return f"search ({result['trials']} trials each): {_figure(result['arms'])} -> {out / OUT_FILE}"
+BENCH = harness.Benchmark(
+    "search",
+    "search.json",
+    METHOD,
+    measure,
+    scratch_outside=True,
+    options=(
+        opt("--repo", str(PACKAGE_ROOT), "the repository whose params.yaml is shrunk"),
+        opt("--trials", len(GRID_LRS) * 2, "the budget of every arm"),
+        opt("--parallel", 2, "local workers of every arm"),
+        opt("--epochs", 4, "train.epochs of every trial"),
+        opt("--repeats", 1, "seeds per arm"),
+    ),
+)

@@ -1,29 +1,51 @@
-"""Shared figures of the benchmarks: medians, paired ratios with a bootstrap interval, summary.md.
+"""The benchmarks' figures: medians, paired ratios with a bootstrap interval, and summary.md, where
+every figure has one line with its goal and a verdict computed from the value against the goal.
 
-Every benchmark that compares two arms runs them interleaved, one pair per repeat, so that
-machine noise hits both alike. Its figure is the median over repeats of the per-repeat ratio
-(arm / reference), and its 95% interval comes from resampling whole repeats (pairs) with
-replacement, `BOOTSTRAP_RESAMPLES` times, from a fixed seed (scalelab.study.bootstrap, the
-study's bootstrap): the same repeats always give the same interval.
+Paired arms run interleaved, one pair per repeat. A ratio figure is the median over repeats of
+arm / reference, with a 95% interval from resampling whole repeats (scalelab.study.bootstrap, the
+study's bootstrap, from its fixed seed: the same repeats always give the same interval).
 
-`write_summary_line` keeps `<out_dir>/summary.md` with exactly one line per figure:
-
-    - parity_single: engine/plain step time 1.004 (95% CI 0.991-1.013); goal <= 1.02: met
+    - parity_single: engine/plain step time 1.004 (95% CI 0.991-1.013); goal <= 1.01: met
 """
 
 from __future__ import annotations
 
+import math
+import operator
 import os
 import socket
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from scalelab.runtime.io import atomic_write_text
 from scalelab.study import bootstrap
 
-BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED = bootstrap.RESAMPLES, bootstrap.SEED
 SUMMARY_FILE = "summary.md"
+OPS = {"<=": operator.le, "<": operator.lt, ">=": operator.ge, "is": operator.eq}
+
+
+@dataclass(frozen=True)
+class Goal:
+    """What a figure should be: `value OP target`; "contains": the value is an interval (low,
+    high) that holds the target; "none": a figure reported without a goal of its own."""
+
+    op: str
+    target: Any = None
+    text: str = ""  # how summary.md writes it; default "OP TARGET"
+
+    def __str__(self) -> str:
+        return self.text or f"{self.op} {self.target}"
+
+    def met(self, value: Any, also: bool = True) -> bool | None:
+        """None (not measured) without a value or a goal; else the comparison, and `also`."""
+        if self.op == "none" or value is None or (isinstance(value, float) and math.isnan(value)):
+            return None
+        if self.op == "contains":
+            return bool(value[0] <= self.target <= value[1] and also)
+        return bool(OPS[self.op](value, self.target) and also)
 
 
 def machine() -> dict[str, object]:
@@ -58,8 +80,7 @@ def median_ratio(arm: Sequence[float], reference: Sequence[float]) -> float:
 
 
 def bootstrap_ci(arm: Sequence[float], reference: Sequence[float]) -> tuple[float, float]:
-    """The bootstrap 95% interval of `median_ratio`, resampling whole repeats (pairs): the one
-    bootstrap of the study and the benchmarks (scalelab.study.bootstrap), from its fixed seed."""
+    """The bootstrap 95% interval of `median_ratio`, resampling whole repeats (pairs)."""
     paired_ratios(arm, reference)  # refuses unpaired or empty repeats
     return bootstrap.median_paired_ratio(arm, reference)
 
@@ -71,39 +92,26 @@ def ratio_figures(arm: Sequence[float], reference: Sequence[float]) -> dict[str,
         "median_ratio": median_ratio(arm, reference),
         "ci95": [low, high],
         "repeat_ratios": paired_ratios(arm, reference),
-        "bootstrap": {"resamples": BOOTSTRAP_RESAMPLES, "seed": BOOTSTRAP_SEED, "unit": "repeat (pair)"},
+        "bootstrap": {"resamples": bootstrap.RESAMPLES, "seed": bootstrap.SEED, "unit": "repeat (pair)"},
     }
 
 
-def status_text(met: bool | None) -> str:
-    """'met', 'not met', or 'not measured' (None)."""
-    return "not measured" if met is None else ("met" if met else "not met")
-
-
-def summary_line(name: str, figure_text: str, goal_text: str, met: bool | None) -> str:
-    """The one line of summary.md for figure `name`."""
-    if not name or any(c in name for c in ":\n") or "\n" in figure_text + goal_text:
-        raise ValueError(f"summary line needs a name without ':' and single-line texts: {name!r}")
-    return f"- {name}: {figure_text}; goal {goal_text}: {status_text(met)}"
-
-
-def write_summary_line(out_dir: Path, name: str, figure_text: str, goal_text: str, met: bool | None) -> Path:
-    """Puts figure `name`'s line into `<out_dir>/summary.md`, replacing its old line, keeping others.
+def write_figure(out_dir: Path, name: str, text: str, value: Any, goal: Goal, also: bool = True) -> str:
+    """Puts figure `name`'s line, its verdict `goal.met(value, also)`, into `<out_dir>/summary.md`
+    (replacing its old line, keeping the others); returns the line.
 
     Args:
         out_dir: the benchmark output folder (results/bench).
         name: the figure's name, unique across benchmarks (e.g. "parity_ddp").
-        figure_text: the measured figure with its units.
-        goal_text: the goal, e.g. "<= 1.02".
-        met: whether the goal was met; None when it could not be measured.
-
-    Returns:
-        The summary file's path.
+        text: the measured figure with its units; value: what the goal judges (None: not measured).
+        also: a further condition of the verdict (e.g. bitwise identical weights).
     """
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / SUMMARY_FILE
-    line = summary_line(name, figure_text, goal_text, met)
+    if not name or any(c in name for c in ":\n") or "\n" in text + str(goal):
+        raise ValueError(f"summary line needs a name without ':' and single-line texts: {name!r}")
+    met = goal.met(value, also)
+    line = f"- {name}: {text}; goal {goal}: {'not measured' if met is None else 'met' if met else 'not met'}"
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    path = Path(out_dir) / SUMMARY_FILE
     prefix = f"- {name}: "
     lines = path.read_text().splitlines() if path.exists() else []  # benchmarks run one at a time
     if any(old.startswith(prefix) for old in lines):
@@ -111,7 +119,7 @@ def write_summary_line(out_dir: Path, name: str, figure_text: str, goal_text: st
     else:
         lines.append(line)
     atomic_write_text(path, "\n".join(lines) + "\n")
-    return path
+    return line
 
 
 def read_summary(out_dir: Path) -> dict[str, str]:

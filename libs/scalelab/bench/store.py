@@ -8,21 +8,20 @@ The method is METHOD below; the JSON file carries it.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from scalelab.bench import stats
-from scalelab.runtime.io import atomic_write_json, file_digests
+from scalelab.bench import harness, stats
+from scalelab.bench.harness import Goal, opt
+from scalelab.runtime.io import file_digests
 from scalelab.storage import server, write_remote
 
 METHOD = """\
@@ -32,7 +31,8 @@ size in `--sizes-mb`, one file of random bytes is `dvc add`ed (hashing is not ti
 interleaved: in every round, for every size, `dvc push` of the file (DVC's Python API in this
 process, into a prefix of its own so that every push uploads) is paired with boto3's
 `upload_file` of the same file, and `dvc pull` (the file and its object in the DVC cache removed first) with
-boto3's `download_file`; which arm goes first alternates by round. The checkpoint pair: a state
+boto3's `download_file`; which arm goes first alternates by round; busy rounds are retried or
+dropped (study.busy). The checkpoint pair: a state
 dict of `--checkpoint-mb` of float32 tensors written with torch.distributed.checkpoint's fsspec
 writer to the store (one process, as scalelab's checkpointer writes a rank's shards) and read back
 with its fsspec reader, against boto3 uploading and downloading the files that DCP writes for that
@@ -40,16 +40,8 @@ state (saved once to a local folder). Figure: the median over rounds of arm / pl
 bootstrap 95% interval over rounds (scalelab.bench.stats); every pulled or loaded byte is checked.
 """
 OUT_FILE = "store.json"
-GOAL_RATIO = 1.2
+GOAL = Goal("<=", 1.2)
 PORT_RETRIES = 5
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--sizes-mb", type=int, nargs="+", default=[10, 100, 1000], help="output sizes (default: 10 100 1000)"
-    )
-    parser.add_argument("--checkpoint-mb", type=int, default=100, help="the sharded checkpoint's size (default: 100)")
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds (default: 3)")
 
 
 def timed(work: Callable[[], object]) -> float:
@@ -157,14 +149,14 @@ def checkpoint_state(size_mb: int) -> dict[str, Any]:
     return {"model": {f"layer{i}.weight": torch.randn(per, generator=generator) for i in range(8)}}
 
 
-def measure(args: argparse.Namespace, work: Path) -> dict[str, dict[str, list[float]]]:
+def measure_pairs(args: Any, work: Path, policy: dict[str, Any]) -> tuple[dict[str, dict[str, list[float]]], Any]:
     bench = Bench(work)
     try:
         files = {size: bench.add(f"blob-{size}mb.bin", size) for size in args.sizes_mb}
         md5 = {size: md5_of(path) for size, path in files.items()}
         ckpt = Checkpoint(bench, checkpoint_state(args.checkpoint_mb), work)
-        rows: dict[str, dict[str, list[float]]] = {}
-        for r in range(args.repeats):
+
+        def take(r: int) -> dict[str, tuple[float, float]]:  # one round: every pair, the first arm alternating
             pairs = {}
             for size, path in files.items():
                 prefix, key = f"dvc/{r}-{size}", f"plain/{r}-{size}/{path.name}"
@@ -175,14 +167,15 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, dict[str, list[fl
                 )
             pairs["checkpoint_save"] = (partial(ckpt.save, r), partial(ckpt.plain_save, r))
             pairs["checkpoint_load"] = (partial(ckpt.load, r), partial(ckpt.plain_load, r))
-            for name, (arm, plain) in pairs.items():  # which arm goes first alternates by round
-                row = rows.setdefault(name, {"arm_s": [], "plain_s": []})
-                first, second = ((arm, "arm_s"), (plain, "plain_s"))[:: 1 if r % 2 == 0 else -1]
-                row[first[1]].append(first[0]())
-                row[second[1]].append(second[0]())
-        return rows
+            if r % 2 == 0:
+                return {name: (arm(), plain()) for name, (arm, plain) in pairs.items()}
+            return {name: tuple(reversed((plain(), arm()))) for name, (arm, plain) in pairs.items()}
+
+        reps = harness.take_repeats(take, policy)
     finally:
         bench.close()
+    names = reps.kept[0].keys()
+    return {n: {"arm_s": [r[n][0] for r in reps.kept], "plain_s": [r[n][1] for r in reps.kept]} for n in names}, reps
 
 
 class Checkpoint:
@@ -236,41 +229,34 @@ class Checkpoint:
         return took
 
 
-def summarize(rows: dict[str, dict[str, list[float]]], args: argparse.Namespace) -> dict[str, Any]:
+def measure(ctx: harness.Context) -> dict[str, Any]:
+    """Measures in a temporary folder: store.json and one summary line per pair."""
+    args = ctx.args
+    rows, reps = measure_pairs(args, ctx.work, ctx.policy())
     figures = {}
     for name, row in rows.items():
-        figures[name] = {**row, **stats.ratio_figures(row["arm_s"], row["plain_s"])}
-        figures[name]["meets_goal"] = figures[name]["median_ratio"] <= GOAL_RATIO
-    return {
-        "benchmark": "store",
-        "method": METHOD.strip(),
-        "sizes_mb": args.sizes_mb,
-        "checkpoint_mb": args.checkpoint_mb,
-        "repeats": args.repeats,
-        "goal_ratio": GOAL_RATIO,
-        "figures": figures,
-        "meets_goal": all(f["meets_goal"] for f in figures.values()),
-        **stats.machine(),
-    }
-
-
-def run(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
-    """Measures in a temporary folder, writes store.json and one summary line per pair."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="scalelab-bench-store-"))
-    try:
-        result = summarize(measure(args, work), args)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    atomic_write_json(out_dir / OUT_FILE, result)
-    for name, fig in result["figures"].items():
+        fig = figures[name] = {**row, **stats.ratio_figures(row["arm_s"], row["plain_s"])}
+        fig["meets_goal"] = GOAL.met(fig["median_ratio"])
         low, high = fig["ci95"]
         ratio = f"{fig['median_ratio']:.2f} (95% CI {low:.2f}-{high:.2f})"
         text = f"{name.replace('_', ' ')}: scalelab/plain S3 client {ratio}"
-        stats.write_summary_line(out_dir, f"store_{name}", text, f"<= {GOAL_RATIO}", fig["meets_goal"])
-    return result
+        ctx.figure(f"store_{name}", text, fig["median_ratio"], GOAL, dropped=reps.dropped)
+    return {
+        "sizes_mb": args.sizes_mb, "checkpoint_mb": args.checkpoint_mb, "repeats": args.repeats,
+        "goal_ratio": GOAL.target, "figures": figures, "meets_goal": all(f["meets_goal"] for f in figures.values()),
+        **reps.json(),
+    }  # fmt: skip
 
 
-def headline(result: dict, out: Path) -> str:
-    parts = [f"{name} {fig['median_ratio']:.2f}x" for name, fig in result["figures"].items()]
-    return f"store vs a plain S3 client: {', '.join(parts)} (goal <= {GOAL_RATIO}) -> {out / OUT_FILE}"
+BENCH = harness.Benchmark(
+    "store",
+    "store.json",
+    METHOD,
+    measure,
+    scratch_outside=True,
+    options=(
+        opt("--sizes-mb", [10, 100, 1000], "output sizes"),
+        opt("--checkpoint-mb", 100, "the sharded checkpoint's size"),
+        opt("--repeats", 3, "interleaved rounds"),
+    ),
+)

@@ -11,85 +11,76 @@
     scalelab bench store --out results/bench        # dvc push/pull, a checkpoint vs plain S3 -> store.json
     scalelab bench all --out results/bench          # every benchmark with its defaults
 
-Each one also puts its figures into `<out>/summary.md`, one line per figure with its goal and
-"met", "not met" or "not measured" (scalelab.bench.stats). `scalelab bench NAME --help` lists a
-benchmark's own options.
+Each prints which benchmark runs and every figure's line as it lands: the line it puts into
+`<out>/summary.md`, with its goal and "met", "not met" or "not measured" (scalelab.bench.stats).
+`scalelab bench NAME --help` lists a benchmark's own options.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
 
-from scalelab.bench import (
-    checkpoint,
-    data,
-    dvc_repro,
-    loader,
-    mfu,
-    parity,
-    profiler_overhead,
-    scaling,
-    search,
-    startup,
-    store,
-    tracking_cost,
-)
+from scalelab.bench import harness
 
-# name -> module with add_arguments(parser), run(args, out_dir) -> dict and headline(result, out) -> str
-BENCHMARKS = {
-    "tracking": tracking_cost,
-    "parity": parity,
-    "profiler": profiler_overhead,
-    "dvc": dvc_repro,
-    "loader": loader,
-    "startup": startup,
-    "scaling": scaling,
-    "mfu": mfu,
-    "data": data,
-    "checkpoint": checkpoint,
-    "search": search,
-    "store": store,
+# name -> the module whose BENCH declares it; `all` runs them in this order (scaling last: it
+# fits curves from the figures the others wrote)
+MODULES = {
+    "tracking": "tracking_cost",
+    "parity": "parity",
+    "profiler": "profiler_overhead",
+    "dvc": "dvc_repro",
+    "loader": "loader",
+    "startup": "startup",
+    "mfu": "mfu",
+    "data": "data",
+    "checkpoint": "checkpoint",
+    "search": "search",
+    "store": "store",
+    "scaling": "scaling",
 }
-
-
 OUT_HELP = "the folder for the benchmark's JSON file and summary.md (default: results/bench)"
+
+
+def benchmark(name: str) -> harness.Benchmark:
+    return importlib.import_module(f"scalelab.bench.{MODULES[name]}").BENCH
+
+
+def title(name: str) -> str:
+    """The first line of the benchmark's module docstring."""
+    return (importlib.import_module(f"scalelab.bench.{MODULES[name]}").__doc__ or "").split("\n")[0]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="name", required=True)
-    for name, module in BENCHMARKS.items():
-        p = sub.add_parser(name, help=(module.__doc__ or "").split("\n")[0])
+    for name in MODULES:
+        bench = benchmark(name)
+        p = sub.add_parser(name, help=title(name))
         p.add_argument("--out", default="results/bench", help=OUT_HELP)
-        module.add_arguments(p)
+        bench.add_arguments(p)
     sub.add_parser("all", help="every benchmark with its defaults").add_argument(
         "--out", default="results/bench", help=OUT_HELP
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    """Runs the chosen benchmark(s); prints one headline line each.
+    """Runs the chosen benchmark(s), each printing its figures' lines as they land.
 
     Returns:
         0; under `all`, 1 when a benchmark failed (the others still run; its error is printed).
     """
-    out = Path(args.out).absolute()  # its stores and scratch folders are used from other working folders
     if args.name != "all":
-        module = BENCHMARKS[args.name]
-        print(module.headline(module.run(args, out), out))
+        harness.run(benchmark(args.name), args, Path(args.out))
         return 0
     failed = []
-    for name, module in BENCHMARKS.items():
+    for i, name in enumerate(MODULES, 1):
+        print(f"[{i}/{len(MODULES)}] scalelab bench {name}", flush=True)
+        bench = benchmark(name)
         try:
-            print(module.headline(module.run(_defaults(module), out), out), flush=True)
+            harness.run(bench, bench.defaults(), Path(args.out))
         except Exception as exc:  # one broken benchmark must not hide the others' figures
             print(f"scalelab bench {name}: error: {exc}", file=sys.stderr, flush=True)
             failed.append(name)
     return 1 if failed else 0
-
-
-def _defaults(module) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    module.add_arguments(parser)
-    return parser.parse_args([])

@@ -1,0 +1,232 @@
+"""The one benchmark harness: a declaration per benchmark, its ranks from a spec, timed repeats
+(busy ones retried or dropped as the study's are), and figures with a goal and a computed verdict.
+
+A benchmark is a `Benchmark` (name, JSON file, method, options, and `measure(ctx) -> dict`);
+`run` gives `measure` a `Context` (args, a scratch folder, `figure`, `ranks`) and writes the JSON
+with the method and the machine. Ranks go through launch.local.run_ranks (spec.json in, rank 0's
+out.json back), their rank function registered in cli/bench_worker.py; inside a rank,
+`rank_loop` builds what most measurements time (process set-up, workload, `Loop`, two synthetic
+batches on the device). `take_repeats` takes repeats one at a time through study.busy.take_rounds:
+each records what other processes took of the machine meanwhile (runtime.disturbance, our
+processes and their children left out); a busy repeat is retried, up to `--max-retries` extra,
+then dropped, and the figure's line says how many were dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import resource
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scalelab.bench import stats
+from scalelab.bench.stats import Goal
+from scalelab.config import SpeedupConfig, strategies
+from scalelab.launch.local import LaunchError, run_ranks
+from scalelab.runtime import dist, disturbance
+from scalelab.runtime.io import atomic_write_json
+from scalelab.study import busy
+
+__all__ = ["Benchmark", "Context", "Goal", "opt", "run", "rank_loop", "take_repeats"]
+
+
+def opt(flag: str, default: Any, help: str, **kw: Any) -> tuple[str, dict[str, Any]]:
+    """An option of a benchmark; its type (and nargs "+" for a list) follows the default."""
+    if isinstance(default, bool):
+        return flag, {"action": "store_true", "help": help, **kw}
+    sample = default[0] if isinstance(default, list) and default else default
+    kind = kw.pop("type", type(sample) if sample is not None else str)
+    return flag, {"default": default, "type": kind, "help": f"{help} (default: {default})", **kw} | (
+        {"nargs": "+"} if isinstance(default, list) else {}
+    )
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str  # `scalelab bench NAME`
+    out_file: str  # under --out
+    method: str  # how it measures: the JSON file carries it
+    measure: Callable[[Context], dict[str, Any]]
+    options: tuple[tuple[str, dict[str, Any]], ...] = ()
+    key: str = ""  # the JSON's "benchmark" (default: name)
+    scratch_outside: bool = False  # scratch folder in the system's temporary folder, not under --out
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        for flag, kw in self.options:
+            parser.add_argument(flag, **kw)
+        share, retries = SpeedupConfig().max_others_cpu_share, SpeedupConfig().max_retries
+        busy_help = "a repeat while other processes held more of the cores is busy: retried, then dropped"
+        parser.add_argument("--max-busy-share", type=float, default=share, help=f"{busy_help} (default: {share})")
+        parser.add_argument("--max-retries", type=int, default=retries, help=f"extra repeats (default: {retries})")
+
+    def defaults(self) -> argparse.Namespace:
+        parser = argparse.ArgumentParser()
+        self.add_arguments(parser)
+        return parser.parse_args([])
+
+
+class Failed(RuntimeError):
+    """A benchmark measured, and its figures say something is wrong; its JSON is written first."""
+
+    exit_status = 1
+
+    def __init__(self, message: str, result: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+@dataclass
+class Context:
+    bench: Benchmark
+    args: argparse.Namespace
+    out: Path
+    work: Path
+    lines: list[str] = field(default_factory=list)
+
+    def figure(self, name: str, text: str, value: Any, goal: Goal, *, also: bool = True, dropped: list | None = None):
+        """Writes figure `name`'s summary line (the verdict: `goal.met(value, also)`) and prints
+        it; `dropped` (the busy repeats its repeats dropped, study.busy) says how many."""
+        if dropped is not None:
+            text += f"; {len(dropped)} busy repeat{'s' * (len(dropped) != 1)} dropped" + (
+                f" ({busy.dropped_summary(dropped)})" if dropped else ""
+            )
+        line = stats.write_figure(self.out, name, text, value, goal, also)
+        self.lines.append(line)
+        print(line, flush=True)
+
+    def policy(self, repeats: int | None = None) -> dict[str, Any]:
+        """The busy-repeat policy (study.busy.Policy's fields) for `repeats` kept repeats."""
+        n = self.args.repeats if repeats is None else repeats
+        return {"repeats": n, "max_share": self.args.max_busy_share, "max_retries": self.args.max_retries}
+
+    def ranks(self, worker: str, spec: dict[str, Any], name: str, *, nproc: int | None, threads: int = 1) -> dict:
+        """Runs `scalelab bench-worker WORKER` on `spec` (`nproc` ranks under torchrun, or one
+        plain process); returns rank 0's result."""
+        try:
+            return run_ranks(["bench-worker", worker], spec, self.work, name, nproc=nproc, threads_per_process=threads)
+        except LaunchError as exc:
+            raise LaunchError(f"{self.bench.name} benchmark, {name} ranks: {exc}") from exc
+
+
+def ranks_of(strategy: str, nproc: int) -> int | None:
+    """Ranks under torchrun for a distributed strategy; None: one plain process."""
+    return nproc if strategies.get(strategy).distributed else None
+
+
+def run(bench: Benchmark, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """Measures in a scratch folder (removed after), writes `<out>/<out_file>`; returns its content."""
+    out = Path(out).absolute()  # scratch folders and stores are used from other working folders
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"scalelab bench {bench.name}: measuring", flush=True)
+    where = {"prefix": f"scalelab-bench-{bench.name}-"} if bench.scratch_outside else {"prefix": ".bench-", "dir": out}
+    work = Path(tempfile.mkdtemp(**where)).resolve()
+    ctx = Context(bench, args, out, work)
+    failed = None
+    try:
+        result = bench.measure(ctx)
+    except Failed as exc:
+        result, failed = exc.result, exc
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    result = {"benchmark": bench.key or bench.name, "method": bench.method.strip(), **result}
+    result = {**stats.machine(), **result}
+    atomic_write_json(out / bench.out_file, result)
+    print(f"scalelab bench {bench.name}: {len(ctx.lines)} figures -> {out / bench.out_file}", flush=True)
+    if failed:
+        raise failed
+    return json.loads(json.dumps(result))
+
+
+# ---- repeats, in a rank or in the benchmark's own process ----
+
+
+class MachineBusy(RuntimeError):
+    """Every repeat was busy (retries included): the benchmark states no figure."""
+
+
+@dataclass
+class Repeats:
+    kept: list[Any]  # each kept repeat's value
+    disturbance: list[dict[str, float]]  # what the others took during each kept repeat
+    dropped: list[dict[str, Any]]  # busy repeats: their shares and reason
+
+    def json(self) -> dict[str, Any]:
+        return {"disturbance": self.disturbance, "dropped": self.dropped}
+
+
+def _snapshot(pids: list[int]) -> disturbance.Snapshot:
+    """runtime.disturbance's snapshot, our processes being `pids`, their live descendants and the
+    children this process has reaped (a whole `scalelab train` run, say)."""
+    import psutil
+
+    ours = set(pids)
+    for pid in pids:
+        try:
+            ours.update(child.pid for child in psutil.Process(pid).children(recursive=True))
+        except psutil.Error:
+            pass
+    snap = disturbance.snapshot(sorted(ours))
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    reaped = round((kids.ru_utime + kids.ru_stime) * disturbance.HZ)
+    return dataclasses.replace(snap, own_ticks=snap.own_ticks + reaped)
+
+
+def take_repeats(take: Callable[[int], Any], policy: dict[str, Any], pids: list[int] = ()) -> Repeats:
+    """Takes repeats, `take(i)` each (every rank together), until `policy["repeats"]` were kept:
+    a busy one (study.busy) is retried, up to `max_retries` extra, then dropped. Rank 0 measures
+    the disturbance (its machine), and every rank makes the same choice. A collective.
+
+    Raises:
+        MachineBusy: no repeat was kept; the message says how busy the machine was.
+    """
+    env = dist.read_env()
+    ours = [*dist.all_gather_object(os.getpid()), *pids]
+    values: list[Any] = []
+
+    def turn(_: str) -> dict[str, Any]:
+        before = _snapshot(ours) if env.is_main else None
+        values.append(take(len(values)))
+        took = disturbance.share(before, _snapshot(ours), os.cpu_count() or 1).as_dict() if env.is_main else None
+        return {"index": len(values) - 1, **dist.broadcast_object(took)}
+
+    tally = busy.take_rounds(["bench"], turn, busy.Policy(**policy))["bench"]
+    if not tally.kept:  # no figure: the machine was busy through every repeat (the study's "invalid")
+        raise MachineBusy(busy.all_dropped(tally))
+    dropped = [{**busy.share_of(d), "reason": d["reason"], "max_share": d["max_share"]} for d in tally.dropped]
+    return Repeats([values[r["index"]] for r in tally.kept], [busy.share_of(r) for r in tally.kept], dropped)
+
+
+def rank_loop(spec: dict[str, Any], **loop_kw: Any) -> Any:
+    """One rank of a measurement: the process set-up, the workload `spec` names, its Loop and two
+    synthetic batches on the device (seeded per rank). Returns an object with env, device, wl,
+    loop and batches."""
+    import torch
+
+    from scalelab.runtime import seeds
+    from scalelab.runtime.device import setup_process
+    from scalelab.training import workloads
+    from scalelab.training.loop import Optim, build_loop
+
+    env = dist.read_env()
+    where, threads, timeout_s = spec.get("device", "cpu"), spec.get("threads", 1), spec.get("timeout_s", 120.0)
+    device = setup_process(env, device=where, threads=threads, timeout_s=timeout_s)
+    seeds.seed_all(spec.get("seed", 0))
+    shape, classes = spec["input_shape"], spec["num_classes"]
+    wl = workloads.load(spec["workload"], spec["model"], input_shape=shape, num_classes=classes, key="bench")
+    precision, optim = spec.get("precision", "fp32"), Optim(**spec["optim"])
+    loop = build_loop(wl, device, strategy_name=spec["strategy"], precision=precision, optim=optim, **loop_kw)
+    gen = torch.Generator().manual_seed(seeds.rank_seed(spec.get("seed", 0), env.rank))
+    n = spec["batch"]
+    if wl.synthetic_batch:
+        batches = [wl.synthetic_batch(n, device=device, generator=gen) for _ in range(2)]
+    else:
+        pairs = [(torch.randn(n, *shape, generator=gen), torch.randint(classes, (n,), generator=gen)) for _ in range(2)]
+        batches = [(x.to(device), y.to(device)) for x, y in pairs]
+    return argparse.Namespace(env=env, device=device, wl=wl, loop=loop, batches=batches)

@@ -1,0 +1,31 @@
+"""bench/ stays one harness and thin benchmarks: its size is capped (a ratchet toward issue 28's
+"under 2,000 lines": lower it as the package shrinks, never raise it), and no benchmark compares a
+strategy name (it asks the registry: `strategies.get(name).distributed`, `.sharded`, ...)."""
+
+import re
+
+from helpers import REPO
+
+BENCH = REPO / "libs/scalelab/bench"
+MAX_LINES = 3300  # 3,898 before the harness; issue 28 item 6 asks for < 2,000: lower it as bench/ shrinks
+NAMES = "single|dp|ddp|fsdp"
+COMPARE = re.compile(rf"""(==|!=)\s*["']({NAMES})["']|["']({NAMES})["']\s*(==|!=)""")
+
+
+def test_bench_stays_under_its_line_budget():
+    sizes = {
+        p.name: len(p.read_text().splitlines())
+        for p in BENCH.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    }  # noqa: E501
+    assert sum(sizes.values()) <= MAX_LINES, sorted(sizes.items(), key=lambda kv: -kv[1])
+
+
+def test_no_benchmark_compares_a_strategy_name():
+    found = [
+        f"{p.name}:{i}: {line.strip()}"
+        for p in sorted(BENCH.glob("*.py"))
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if COMPARE.search(line)
+    ]  # noqa: E501
+    assert not found, found
