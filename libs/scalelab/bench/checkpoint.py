@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from scalelab.config import Params, build
+from scalelab.config import Params, build, strategies
 from scalelab.launch.local import LaunchError, run_ranks
 from scalelab.runtime import dist, memory
 from scalelab.runtime.device import setup_process
@@ -162,7 +162,13 @@ def _rows(ranks: list[dict], world: int, sizes: list[int]) -> list[dict[str, Any
 def _goal(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """fsdp's save time per rank at the largest size, 2 ranks over 1."""
     largest = max(r["parameters"] for r in rows)
-    fsdp = {r["world_size"]: r["save_s"] for r in rows if r["strategy"] == "fsdp" and r["parameters"] == largest}
+    fsdp = {
+        r["world_size"]: r["save_s"]
+        for r in rows
+        if r["strategy"] in strategies.STRATEGIES
+        and strategies.get(r["strategy"]).sharded
+        and r["parameters"] == largest
+    }
     blocked = [
         r["save_s"] / r["commit_s"] for r in rows if r["strategy"] == "fsdp-async" and r["parameters"] == largest
     ]

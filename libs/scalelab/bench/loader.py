@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.bench import pipeline, stats
+from scalelab.config import strategies
 from scalelab.launch.local import LaunchError, run_ranks
 from scalelab.runtime.io import atomic_write_json
 from scalelab.runtime.repeats import timed_repeats
@@ -150,7 +151,7 @@ def measure_job(args: argparse.Namespace, work: Path) -> tuple[dict[str, Any], d
     train = pipeline.parsed(raw).train
     data = pipeline.prepare_data(raw, work / "prepared")
     spec = {"params": raw, "data": str(data), "workers": args.workers, "repeats": args.repeats, "epochs": args.epochs}
-    nproc = train.nproc_per_node if train.strategy == "ddp" else None
+    nproc = train.nproc_per_node if strategies.get(train.strategy).distributed else None
     ranks = {"nproc": nproc, "threads_per_process": train.threads_per_process}
     try:
         return raw, run_ranks(["bench-worker", "loader"], spec, work, "loader", **ranks)

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from scalelab.bench import handwritten, pipeline, stats
-from scalelab.config import DataConfig, build
+from scalelab.config import DataConfig, build, strategies
 from scalelab.data.prepare import prepare
 from scalelab.launch.local import worker_command
 from scalelab.runtime.io import atomic_write_json
@@ -96,7 +96,9 @@ def _params(args: argparse.Namespace, folder: Path) -> Path:
         params["train"]["epochs"] = args.epochs
     if args.strategy:
         params["train"]["strategy"] = args.strategy
-        params["train"]["nproc_per_node"] = params["train"]["nproc_per_node"] if args.strategy == "ddp" else 1
+        params["train"]["nproc_per_node"] = (
+            params["train"]["nproc_per_node"] if strategies.get(args.strategy).parallel else 1
+        )
     params["tracking"]["experiment"] = "bench-startup"
     params["tracking"]["enabled"] = not args.no_tracking
     return pipeline.write_params(folder / "params.yaml", params)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from scalelab.config import SpeedupConfig
+from scalelab.config import SpeedupConfig, strategies
 from scalelab.study import busy, comm_model
 from scalelab.study.bootstrap import ratio_of_medians as bootstrap_ratio  # the speedups' intervals
 
@@ -79,7 +79,9 @@ NAN = float("nan")
 
 def measured_singles(frame: pd.DataFrame) -> pd.DataFrame:
     """The measured single-process rows, fewest threads (the 1-thread baseline) first."""
-    return frame[(frame.strategy == "single") & (frame.status == "ok")].sort_values("threads_per_process")
+    return frame[(frame.strategy == strategies.baseline().name) & (frame.status == "ok")].sort_values(
+        "threads_per_process"
+    )
 
 
 def seed_singles(frame: pd.DataFrame, batch_size: int) -> pd.DataFrame:
@@ -295,7 +297,7 @@ def _predicted(
 ) -> float:
     """Model efficiency of a measured ddp row, from the seed single process with the same threads."""
     singles = seed_singles(frame, row.batch_size)
-    if row.strategy != "ddp" or row.status != "ok" or link is None or singles.empty:
+    if not strategies.get(row.strategy).reference or row.status != "ok" or link is None or singles.empty:
         return NAN
     same = same_threads_single(frame, row)
     compute_1_s = (same if same is not None else singles.iloc[0]).step_time_ms_median / 1000.0
