@@ -12,13 +12,13 @@ fsdp is FSDP2 (`torch.distributed.fsdp.fully_shard`): each module the workload n
 state live as shards (DTensors) on each rank; `sharded_state` hands a checkpoint each rank's shards,
 and `model_state` gathers the plain model's state dict for `model.pt`.
 
-A new strategy is one class here and one row in config/strategies.py (`ddp_powersgd` is the example).
+A new strategy is one class here (named in `KINDS`) and one row in config/strategies.py; ddp_powersgd
+is the example, with its hook's state as a checkpoint part in a module of its own (powersgd_state.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import asdict
@@ -28,8 +28,6 @@ import torch
 from torch import nn
 
 from scalelab.config import strategies
-
-log = logging.getLogger(__name__)
 
 
 def _called(model: nn.Module) -> nn.Module:
@@ -289,6 +287,8 @@ class DDPPowerSGD(DDP):
     step count, P and Q, its RNG and every rank's error feedback (gathered: a collective), so a
     resumed run compresses as the uninterrupted one would (bitwise: tests/training/test_strategy_registry.py).
     A resume at another world size keeps all but the errors, which start at zero (logged).
+    Not for fp16: a GradScaler step that overflows would leave its inf in the error feedback (no
+    check refuses it yet); bf16 and fp32 are fine.
     """
 
     RANK = 1  # matrix_approximation_rank
