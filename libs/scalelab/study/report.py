@@ -217,9 +217,10 @@ def method(cfg: SpeedupConfig) -> str:
             "ring all-reduce model 2(N-1)/N * S/B + 2(N-1) * latency, fitted to an all-reduce microbenchmark on "
             "the study's own backend with the model's gradient size, added to the measured single-process "
             "compute time (no overlap).",
-            "- Compile: `compile_s` = first step - median timed step; `break_even_steps` = compile_s / (eager "
-            "step - compiled step) against the same cell eager. Memory per rank: peak (`mem_kind`) and the "
-            "parameter, gradient and optimizer bytes the rank holds.",
+            "- Compile: `compile_s` = (first step - median timed step) less the same of the same cell eager "
+            "(without it measured: not less); `break_even_steps` = compile_s / (eager step - compiled step). "
+            "Memory per rank: peak (`mem_kind`, from after the model is wrapped; dp: its busiest GPU) and "
+            "the parameter, gradient and optimizer bytes the rank holds.",
         ]
     )
 
