@@ -5,7 +5,6 @@ strategy is one row in config/strategies.py and one class in training/strategy.p
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import pytest
 
