@@ -31,6 +31,12 @@ def test_the_study_plans_ddp_powersgd_as_a_row_beside_ddp():
     assert _setup_label(pd.Series(asdict(by_name[f"{NAME}-w2"]))).startswith(strategies.get(NAME).label + ", ")
 
 
+def test_fp16_is_refused_before_anything_is_wrapped():
+    # a GradScaler step that overflows would leave its inf in the error feedback for good
+    with pytest.raises(ValueError, match=f"strategy '{NAME}' does not take precision fp16"):
+        strategy.get(NAME).wrap(torch.nn.Linear(2, 2), torch.device("cpu"), precision="fp16")
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.integration  # dvc exp run of validate, prepare, train and evaluate in a copy of the repo

@@ -287,8 +287,8 @@ class DDPPowerSGD(DDP):
     step count, P and Q, its RNG and every rank's error feedback (gathered: a collective), so a
     resumed run compresses as the uninterrupted one would (bitwise: tests/training/test_strategy_registry.py).
     A resume at another world size keeps all but the errors, which start at zero (logged).
-    Not for fp16: a GradScaler step that overflows would leave its inf in the error feedback (no
-    check refuses it yet); bf16 and fp32 are fine.
+    Not for fp16 (refused at wrap): a GradScaler step that overflows would leave its inf in the
+    error feedback, and every later step would overflow too; bf16 and fp32 are fine.
     """
 
     RANK = 1  # matrix_approximation_rank
@@ -299,6 +299,11 @@ class DDPPowerSGD(DDP):
 
         from scalelab.training.powersgd_state import PowerSGDPart, hook
 
+        if opts.get("precision") == "fp16":
+            raise ValueError(
+                f"strategy {self.name!r} does not take precision fp16: an overflowing step's inf would stay in "
+                "PowerSGD's error feedback; use bf16 or fp32"
+            )
         ddp = super()._parallel(model, device, shard_units, on_meta, init_state, **opts)
         state = PowerSGDState(None, matrix_approximation_rank=self.RANK, start_powerSGD_iter=self.START_ITER)
         ddp._powersgd = PowerSGDPart(state, ddp.module, device)  # the strategy's part of this model
