@@ -423,3 +423,16 @@ def _results_of(out):
 def test_fair_cells_on_the_machine_they_used_stay_valid():
     frame = frame_of()
     assert set(frame.status) == {"ok", "skipped"}, frame[["name", "status", "reason"]]
+
+
+def test_compile_time_is_net_of_the_eager_twins_first_step():
+    cfg = speedup_cfg()
+    cells, results = grid()
+    results["single-t1"]["first_step_s"] += 0.4  # every first step's own cost (handles, lazy kernels), eager too
+    frame = measured.table(cfg.speedup, cells, results, None).set_index("name")
+    assert frame.loc["single-t1-compiled", "compile_s"] == pytest.approx(2.56 - 0.4)
+    assert frame.loc["single-t1-compiled", "break_even_steps"] == pytest.approx((2.56 - 0.4) / 0.0128)
+    del results["single-t1"]  # no eager twin measured: the compiled cell's own excess, an upper bound
+    cells = [c for c in cells if c.name != "single-t1"]
+    frame = measured.table(cfg.speedup, cells, results, None).set_index("name")
+    assert frame.loc["single-t1-compiled", "compile_s"] == pytest.approx(2.56)

@@ -1,8 +1,9 @@
 """The strategy registry: the schema allows exactly the registered names, training's objects carry the
-registered facts with a `wrap`, and each registered strategy behaves as its facts say: wrapped, its
-`no_sync` accumulates gradients without reducing them, its state goes out under the plain model's
-names, and a sharded one's state makes the round trip through its shards (DCP). The tests run every
-strategy in the registry; none of them lists the strategies."""
+registered facts with their behaviour, and each registered strategy behaves as its facts say:
+wrapped, its `no_sync` accumulates gradients without reducing them, its state goes out under the
+plain model's names, a sharded one's state makes the round trip through its shards (DCP), and a
+whole one's (with the strategy's own parts: a communication hook's state) resumes training bitwise.
+The tests run every strategy in the registry; none of them lists the strategies."""
 
 import copy
 import os
@@ -42,7 +43,7 @@ def test_each_strategy_states_its_processes_and_the_world_size_follows(name):
 
 
 @pytest.mark.parametrize("name", sorted(strategies.STRATEGIES))
-def test_training_objects_extend_the_registered_facts_with_wrap(name):
+def test_training_objects_extend_the_registered_facts_with_their_behaviour(name):
     obj = strategy.get(name)
     assert isinstance(obj, strategies.Strategy)
     facts = strategies.get(name)
@@ -53,7 +54,7 @@ def test_training_objects_extend_the_registered_facts_with_wrap(name):
 def test_only_a_sharded_strategy_takes_a_model_on_the_meta_device(name):
     with torch.device("meta"):
         on_meta = nn.Linear(2, 2)
-    with pytest.raises(ValueError, match=f"needs strategy fsdp, not '{name}'"):
+    with pytest.raises(ValueError, match=f"on the meta device needs strategy .*, not '{name}'"):
         strategy.get(name).wrap(on_meta, torch.device("cpu"))
 
 
@@ -77,18 +78,18 @@ def plain_grads(model: nn.Module, batches: list[torch.Tensor]) -> dict[str, torc
 @pytest.mark.parametrize("name", ONE_PROCESS)
 def test_a_one_process_strategy_accumulates_under_no_sync_and_gives_the_plain_state(name):
     plain = tiny()
-    model = strategy.get(name).wrap(copy.deepcopy(plain), torch.device("cpu"))  # no process group
-    assert not strategy.is_sharded(model)
-    state = strategy.model_state(model)
+    s = strategy.get(name)
+    model = s.wrap(copy.deepcopy(plain), torch.device("cpu"))  # no process group
+    state = s.model_state(model)
     assert list(state) == list(plain.state_dict())  # the plain model's names, no wrapper prefix
     assert all(torch.equal(state[k], v) for k, v in plain.state_dict().items())
-    with strategy.no_sync(model, sync=False):
+    with s.no_sync(model, sync=False):
         model(batch(0, 0)).pow(2).sum().backward()
-    grads = {n: p.grad for n, p in strategy.unwrap(model).named_parameters()}
+    grads = {n: p.grad for n, p in s.unwrap(model).named_parameters()}
     assert all(torch.allclose(grads[n], g) for n, g in plain_grads(plain, [batch(0, 0)]).items())
-    with strategy.no_sync(model, sync=True):
+    with s.no_sync(model, sync=True):
         model(batch(0, 1)).pow(2).sum().backward()
-    grads = {n: p.grad for n, p in strategy.unwrap(model).named_parameters()}  # accumulated over both
+    grads = {n: p.grad for n, p in s.unwrap(model).named_parameters()}  # accumulated over both
     assert all(torch.allclose(grads[n], g) for n, g in plain_grads(plain, [batch(0, 0), batch(0, 1)]).items())
 
 
@@ -125,7 +126,7 @@ def full(t):
 
 
 def grads():
-    return {n: full(p.grad) for n, p in strategy.unwrap(model).named_parameters()}
+    return {n: full(p.grad) for n, p in s.unwrap(model).named_parameters()}
 
 
 def close(a, b):
@@ -151,19 +152,18 @@ def same(a, b):
 
 
 # sharded: each rank holds a part of the parameters; else each holds them all
-assert strategy.is_sharded(model) == s.sharded
 whole = sum(p.numel() * p.element_size() for p in plain.parameters())
 held = strategy.local_bytes(model.parameters())
 assert (held < whole) if s.sharded else (held == whole), (held, whole)
 # the state goes out whole under the plain model's names (under fsdp gathered to rank 0 only)
-state = strategy.model_state(model)
+state = s.model_state(model)
 if rank == 0 or not s.sharded:
     assert list(state) == list(plain.state_dict()) and same(state, plain.state_dict())
 else:
     assert state == {}
 
 # a micro-step under no_sync: nothing is reduced; each rank's gradients are its own batch's
-with strategy.no_sync(model, sync=False):
+with s.no_sync(model, sync=False):
     model(batch(rank, 0)).pow(2).sum().backward()
 mine = plain_grads([batch(rank, 0)])
 averaged = {n: sum(plain_grads([batch(r, 0)])[n] for r in range(world)) / world for n in mine}
@@ -173,7 +173,7 @@ if s.sharded:  # the unsharded gradients are kept for the last micro-step; no sh
 else:
     assert close(grads(), mine)
 # the last micro-step syncs: the ranks' mean of the gradients accumulated over both micro-steps
-with strategy.no_sync(model, sync=True):
+with s.no_sync(model, sync=True):
     model(batch(rank, 1)).pow(2).sum().backward()
 sums = [plain_grads([batch(r, 0), batch(r, 1)]) for r in range(world)]
 assert close(grads(), {n: sum(g[n] for g in sums) / world for n in sums[0]})
@@ -183,7 +183,7 @@ if s.sharded:  # the sharded state's round trip: saved from the shards, changed,
 
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     opt.step()
-    shards = strategy.sharded_state(model, opt)
+    shards = s.sharded_state(model, opt)
     saved = local(shards)
     assert saved["optimizer"]["state"] and list(saved["model"]) == list(plain.state_dict())
     dcp.save(shards, checkpoint_id=folder)
@@ -192,16 +192,50 @@ if s.sharded:  # the sharded state's round trip: saved from the shards, changed,
         meta = pathlib.Path(folder, ".metadata").read_bytes()
         pathlib.Path(folder, "metadata.sha256").write_text(hashlib.sha256(meta).hexdigest())
     dist.barrier()
-    before = strategy.model_state(model)
+    before = s.model_state(model)
     model(batch(rank, 2)).pow(2).sum().backward()
     opt.step()
-    changed = strategy.model_state(model)
+    changed = s.model_state(model)
     assert rank != 0 or not same(changed, before)
-    assert not same(local(strategy.sharded_state(model, opt)), saved)
-    strategy.load_sharded_state(model, opt, lambda target: read_shards(folder, target))
-    assert same(local(strategy.sharded_state(model, opt)), saved)  # this rank's shards, optimizer's too
-    after = strategy.model_state(model)
+    assert not same(local(s.sharded_state(model, opt)), saved)
+    s.load_sharded_state(model, opt, lambda target: read_shards(folder, target))
+    assert same(local(s.sharded_state(model, opt)), saved)  # this rank's shards, optimizer's too
+    after = s.model_state(model)
     assert rank != 0 or (list(after) == list(before) and same(after, before))
+else:  # the whole state's round trip, the strategy's own parts with it: a resumed run goes on bitwise
+    import io
+
+    def steps(model, opt, ks):
+        for k in ks:
+            opt.zero_grad()
+            with s.no_sync(model, sync=True):
+                model(batch(rank, k)).pow(2).sum().backward()
+            opt.step()
+
+    def fresh():
+        model = s.wrap(copy.deepcopy(plain), torch.device("cpu"))
+        return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    through, opt = fresh()
+    steps(through, opt, range(8))  # uninterrupted
+    first, opt = fresh()
+    steps(first, opt, range(4))
+    buf = io.BytesIO()  # what a checkpoint holds, read back as a resume reads it
+    torch.save({**s.full_state(first, opt), "parts": {k: p.state_dict() for k, p in s.stateful(first).items()}}, buf)
+    buf.seek(0)
+    saved = torch.load(buf, weights_only=True)
+    resumed, opt = fresh()
+    s.load_full_state(resumed, opt, saved)
+    for k, part in s.stateful(resumed).items():
+        part.load_state_dict(saved["parts"][k])
+    steps(resumed, opt, range(4, 8))
+    assert same(s.model_state(resumed), s.model_state(through))
+    assert not same(s.model_state(resumed), s.model_state(first))
+    if s.stateful(first):  # the strategy's own parts matter: a resume without them goes elsewhere
+        forgot, opt = fresh()
+        s.load_full_state(forgot, opt, saved)
+        steps(forgot, opt, range(4, 8))
+        assert not same(s.model_state(forgot), s.model_state(through))
 dist.destroy_process_group()
 print("rank", rank, "ok", flush=True)
 """

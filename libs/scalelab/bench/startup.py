@@ -69,7 +69,7 @@ def _params(args: Any, folder: Path) -> Path:
         params["train"]["epochs"] = args.epochs
     if args.strategy:
         params["train"]["strategy"] = args.strategy
-        if not strategies.get(args.strategy).distributed:
+        if not strategies.get(args.strategy).parallel:
             params["train"]["nproc_per_node"] = 1
     params["tracking"]["experiment"] = "bench-startup"
     params["tracking"]["enabled"] = not args.no_tracking

@@ -1,9 +1,10 @@
 """The strategies: one registered object each, holding what the config, the shape check and the
 study know of it. `scalelab.training.strategy` extends each with how it wraps a model.
 
-Callers ask the object (`get(train.strategy).distributed`), never compare its name. To add a
-strategy, add its row to `STRATEGIES` here and its class to `training/strategy.py`; the schema's
-allowed names (`StrategyName`) are this registry's keys.
+Callers ask the object (`get(train.strategy).distributed`, `baseline()`, `reference()`), never
+compare its name (tests/layout/test_strategy_names.py). To add a strategy, add its row to
+`STRATEGIES` here and its class to `training/strategy.py` (`KINDS`); the schema's allowed names
+(`StrategyName`) and the study's rows (`speedup.strategies`) follow from this registry.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ class Strategy:
     min_cuda_devices: int = 0  # CUDA devices per node it needs, on any device setting
     cuda_only: bool = False  # runs on CUDA devices only: device 'cpu' is refused before anything starts
     activation_checkpointing: bool = True  # may recompute activations (dp's replica threads would share its state)
+    # roles in the speedup study (one strategy each): the single-process seed every speedup is
+    # measured against, and the scaling reference (the headline, the comm model, the crossover)
+    baseline: bool = False
+    reference: bool = False
 
     def processes(self, num_devices: int) -> int:
         """Processes that drive `num_devices` devices (of one node, or of all nodes together): one
@@ -35,11 +40,16 @@ class Strategy:
         for a one-process parallel strategy (dp), else one."""
         return num_devices // self.processes(num_devices)
 
+    def data_parallel_degree(self, num_devices: int) -> int:
+        """Model replicas (or shard groups) that each take a part of the global batch when
+        `num_devices` are asked for: every device for a parallel strategy, else one."""
+        return num_devices if self.parallel else 1
+
 
 STRATEGIES: dict[str, Strategy] = {
     s.name: s
     for s in (
-        Strategy(name="single", label="single process", wrapper="the plain model", parallel=False),
+        Strategy(name="single", label="single process", wrapper="the plain model", parallel=False, baseline=True),
         Strategy(
             name="dp",
             label="DataParallel",
@@ -49,7 +59,9 @@ STRATEGIES: dict[str, Strategy] = {
             cuda_only=True,
             activation_checkpointing=False,
         ),
-        Strategy(name="ddp", label="DDP", wrapper="DistributedDataParallel", parallel=True, distributed=True),
+        Strategy(
+            name="ddp", label="DDP", wrapper="DistributedDataParallel", parallel=True, distributed=True, reference=True
+        ),
         Strategy(
             name="fsdp",
             label="FSDP",
@@ -58,8 +70,30 @@ STRATEGIES: dict[str, Strategy] = {
             distributed=True,
             sharded=True,
         ),
+        Strategy(
+            name="ddp_powersgd",
+            label="DDP + PowerSGD",
+            wrapper="DistributedDataParallel with the PowerSGD gradient-compression hook",
+            parallel=True,
+            distributed=True,
+        ),
     )
 }
+
+
+def baseline() -> Strategy:
+    """The study's seed baseline: the single process that every speedup is measured against."""
+    return _one("baseline")
+
+
+def reference() -> Strategy:
+    """The study's scaling reference: its headline, the comm model's prediction and the crossover."""
+    return _one("reference")
+
+
+def _one(role: str) -> Strategy:
+    [found] = [s for s in STRATEGIES.values() if getattr(s, role)]  # exactly one (a test checks it)
+    return found
 
 
 def get(name: str) -> Strategy:

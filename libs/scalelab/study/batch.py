@@ -60,7 +60,7 @@ def eager_fp32(frame: pd.DataFrame) -> pd.DataFrame:
 def best_single(frame: pd.DataFrame, batch_size: int) -> pd.Series | None:
     """The fastest fp32 eager single process (single-t1 or single-all) at one batch."""
     singles = eager_fp32(frame)
-    singles = singles[(singles.strategy == "single") & (singles.batch_size == batch_size)]
+    singles = singles[(singles.strategy == strategies.baseline().name) & (singles.batch_size == batch_size)]
     return singles.loc[singles.samples_per_s_median.idxmax()] if len(singles) else None
 
 
@@ -74,7 +74,7 @@ def batch_table(frame: pd.DataFrame, results: dict[str, dict]) -> pd.DataFrame:
     for _, row in ok[ok.strategy.isin(distributed)].iterrows():
         best = best_single(frame, row.batch_size)
         same = ok[
-            (ok.strategy == "single")
+            (ok.strategy == strategies.baseline().name)
             & (ok.batch_size == row.batch_size)
             & (ok.threads_per_process == row.threads_per_process)
         ]
@@ -152,7 +152,7 @@ def crossover(
 ) -> pd.DataFrame:
     """Per ddp world size > 1: the crossover batch, measured and predicted."""
     rows = []
-    ddp = batch[(batch.strategy == "ddp") & (batch.world_size > 1)]
+    ddp = batch[(batch.strategy == strategies.reference().name) & (batch.world_size > 1)]
     for (world, nodes), group in ddp.groupby(["world_size", "nodes"]):
         row = {"world_size": int(world), "nodes": int(nodes), **measured_crossover(group)}
         row["predicted_batch"], row["predicted"] = _prediction(cfg, frame, group, link, grad_bytes)
@@ -164,7 +164,7 @@ def _prediction(
     cfg: SpeedupConfig, frame: pd.DataFrame, group: pd.DataFrame, link: comm_model.Link | None, grad_bytes: float
 ) -> tuple[float, str]:
     singles = eager_fp32(frame)
-    singles = singles[singles.strategy == "single"]
+    singles = singles[singles.strategy == strategies.baseline().name]
     if link is None:
         return NAN, "no prediction: no fitted link (the all-reduce benchmark did not run)"
     if singles.batch_size.nunique() < 2:

@@ -11,8 +11,10 @@ Both kinds time with runtime.repeats (barrier, device sync, the slowest rank per
 
 Each cell uses the same step function as training (training.loop.Loop.step) on synthetic batches
 that already sit on the device, so it measures compute and communication, not data loading. It
-also measures memory per rank: the peak (CUDA max allocated, or the worker's peak RSS growth on a
-CPU) and the bytes of parameters, gradients and optimizer state this rank holds.
+also measures memory per rank: the peak (CUDA max allocated on the busiest of the GPUs the rank
+drives, or the worker's peak RSS growth on a CPU) above what was held before the model was built,
+with the peak reset once the model is wrapped (so FSDP's transient unsharded copy is not in it),
+and the bytes of parameters, gradients and optimizer state this rank holds.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -48,26 +51,35 @@ def rank_batch(cfg: SpeedupConfig, strategy_name: str, world_size: int, batch_si
     return batch_size // processes
 
 
-def _start_memory(device: torch.device) -> int:
-    """Resets the peak and returns the baseline it is measured from (bytes)."""
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        return torch.cuda.memory_allocated(device)
-    return memory.reset_peak()
+def measured_build(devices: list[torch.device], build: Callable[[], Any]) -> tuple[Any, list[int]]:
+    """`build()` (the model, wrapped), with the memory baseline of each of `devices` (bytes) taken
+    before it and their peaks reset after it: the peak is training's, not the wrap's (FSDP moves
+    each unit whole to the device before it shards it)."""
+    cuda = devices[0].type == "cuda"
+    baseline = [torch.cuda.memory_allocated(d) for d in devices] if cuda else [1024 * memory.status_kib("VmRSS")]
+    built = build()
+    for d in devices if cuda else []:
+        torch.cuda.reset_peak_memory_stats(d)
+    if not cuda:
+        memory.reset_peak()
+    return built, baseline
 
 
-def _peak_memory(device: torch.device, baseline: int) -> int:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) - baseline
-    return memory.peak_since(baseline)
+def peak_memory(devices: list[torch.device], baseline: list[int]) -> list[int]:
+    """Each device's peak since `measured_build` above its baseline (bytes): every GPU a dp
+    process drives; on a CPU, the process's resident peak."""
+    if devices[0].type == "cuda":
+        return [torch.cuda.max_memory_allocated(d) - base for d, base in zip(devices, baseline)]
+    return [memory.peak_since(baseline[0])]
 
 
 class Steps:
     """One cell's ranks, built: warm-up, then timed repeats one at a time (in rounds, when the
     study interleaves its cells), then the figures that do not change from repeat to repeat."""
 
-    def __init__(self, spec, cfg, env, device, wl, loop, pool, batch, memory_base) -> None:
-        self.spec, self.cfg, self.env, self.device, self.wl = spec, cfg, env, device, wl
+    def __init__(self, spec, cfg, env, devices, wl, loop, pool, batch, memory_base) -> None:
+        self.spec, self.cfg, self.env, self.devices, self.wl = spec, cfg, env, devices, wl
+        self.device = devices[0]  # where the batches live (dp scatters them from here)
         self.loop, self.pool, self.batch, self.memory_base = loop, pool, batch, memory_base
         self.first_step_s, self.pids = float("nan"), [os.getpid()]
 
@@ -76,21 +88,25 @@ class Steps:
         """Joins the process group, builds the workload and its step, and two synthetic batches."""
         cfg, env, device = _setup(spec)
         name, world = spec["strategy"], spec["world_size"]
-        memory_base = _start_memory(device)
+        devices = strategy.get(name).devices(device, world)
         seeds.seed_all(cfg.seed)
-        wl = workloads.load(
-            cfg.workload, cfg.model, input_shape=[cfg.num_features], num_classes=cfg.num_classes, key="speedup"
-        )
-        loop = build_loop(
-            wl,
-            device,
-            strategy_name=name,
-            precision=spec["precision"],
-            optim=Optim(name="sgd", lr=1e-3),
-            compile=spec["compile"],
-            activation_checkpointing=spec.get("activation_checkpointing", False),
-            num_devices=world,
-        )
+
+        def build() -> tuple[workloads.Workload, Any]:
+            shape = {"input_shape": [cfg.num_features], "num_classes": cfg.num_classes, "key": "speedup"}
+            wl = workloads.load(cfg.workload, cfg.model, **shape)
+            loop = build_loop(
+                wl,
+                device,
+                strategy_name=name,
+                precision=spec["precision"],
+                optim=Optim(name="sgd", lr=1e-3),
+                compile=spec["compile"],
+                activation_checkpointing=spec.get("activation_checkpointing", False),
+                num_devices=world,
+            )
+            return wl, loop
+
+        (wl, loop), memory_base = measured_build(devices, build)
         seeds.seed_all(seeds.rank_seed(cfg.seed, env.rank))
         batch = rank_batch(cfg, name, world, spec["batch_size"])
         if wl.synthetic_batch:  # the workload's own data (gpt: token ids)
@@ -101,7 +117,7 @@ class Steps:
                 (torch.randn(batch, features, device=device), torch.randint(classes, (batch,), device=device))
                 for _ in range(2)
             ]
-        return cls(spec, cfg, env, device, wl, loop, pool, batch, memory_base)
+        return cls(spec, cfg, env, devices, wl, loop, pool, batch, memory_base)
 
     def warmup(self) -> None:
         """The first step (timed: it compiles) and the rest of the warm-up steps, untimed."""
@@ -139,7 +155,7 @@ class Steps:
             "grad_bytes": 4 * num_params,
             "first_step_s": self.first_step_s,
             "compile": bool(self.spec["compile"]),
-            **_memory(self.loop, self.device, self.memory_base),
+            **_memory(self.loop, self.devices, self.memory_base),
             "is_main": self.env.is_main,
         }
 
@@ -206,20 +222,23 @@ def _answer_commands(spec: dict[str, Any]) -> dict[str, Any]:
         channel.close()
 
 
-def _memory(loop, device: torch.device, baseline: int) -> dict[str, Any]:
-    """Peak memory and the state bytes this rank holds, each the largest over the ranks."""
+def _memory(loop, devices: list[torch.device], baseline: list[int]) -> dict[str, Any]:
+    """Peak memory (of the busiest device) and the state bytes this rank holds, each the largest
+    over the ranks; `peak_mem_bytes_by_device`: every device's peak, rank by rank."""
     params = list(loop.model.parameters())
     optim_state = [t for state in loop.optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
+    peaks = peak_memory(devices, baseline)
     mine = {
-        "peak_mem_bytes_per_rank": _peak_memory(device, baseline),
+        "peak_mem_bytes_per_rank": max(peaks),
         "param_bytes_per_rank": strategy.local_bytes(params),
         "grad_bytes_per_rank": strategy.local_bytes(p.grad for p in params),
         "optim_bytes_per_rank": strategy.local_bytes(optim_state),
     }
-    every = dist.all_gather_object(mine)
+    every = dist.all_gather_object((mine, peaks))
     return {
-        **{key: max(rank[key] for rank in every) for key in mine},
-        "mem_kind": "cuda_max_allocated" if device.type == "cuda" else "rss_growth",
+        **{key: max(rank[key] for rank, _ in every) for key in mine},
+        "peak_mem_bytes_by_device": [by_device for _, by_device in every],
+        "mem_kind": "cuda_max_allocated" if devices[0].type == "cuda" else "rss_growth",
     }
 
 

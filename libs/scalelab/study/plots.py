@@ -74,7 +74,7 @@ def _workers_panels(ref: pd.DataFrame, singles: pd.DataFrame, ax1, ax2) -> None:
         ax2.plot(rows.world_size, rows.efficiency_vs_same_threads, marker="o", label=f"{label} measured")
         tops += list(rows.samples_per_s_max)
         effs += list(rows.efficiency_vs_same_threads)
-        if strategy.name == "ddp" and rows.predicted_efficiency.notna().any():
+        if strategy.reference and rows.predicted_efficiency.notna().any():
             ax2.plot(rows.world_size, rows.predicted_efficiency, marker="x", label="DDP predicted (model)")
             effs += list(rows.predicted_efficiency)
     if not singles.empty and ticks:

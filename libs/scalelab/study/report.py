@@ -135,7 +135,7 @@ def headline(cfg: SpeedupConfig, frame: pd.DataFrame) -> dict[str, Any]:
             "baseline": cfg.baseline,
             "scaling": cfg.scaling,
         }
-    ddp = ref[(ref.strategy == "ddp") & (ref.status == "ok")].sort_values("world_size")
+    ddp = ref[(ref.strategy == strategies.reference().name) & (ref.status == "ok")].sort_values("world_size")
     if ddp.empty:
         return {"headline": "no ddp cell was measured", "baseline": cfg.baseline, "scaling": cfg.scaling}
     top = ddp.iloc[-1]
@@ -169,7 +169,7 @@ def explain(cfg: SpeedupConfig, frame: pd.DataFrame, link: comm_model.Link | Non
     singles = seed_singles(frame, cfg.batch_sizes[0])
     if link is not None and not singles.empty:
         compute_ms = singles.iloc[0].step_time_ms_median
-        ddp = frame[(frame.strategy == "ddp") & (frame.status == "ok")]
+        ddp = frame[(frame.strategy == strategies.reference().name) & (frame.status == "ok")]
         world = int(ddp.world_size.max()) if not ddp.empty else 2
         comm_ms = 1000 * link.allreduce_s(world, grad_bytes)
         lines.append(
@@ -217,9 +217,10 @@ def method(cfg: SpeedupConfig) -> str:
             "ring all-reduce model 2(N-1)/N * S/B + 2(N-1) * latency, fitted to an all-reduce microbenchmark on "
             "the study's own backend with the model's gradient size, added to the measured single-process "
             "compute time (no overlap).",
-            "- Compile: `compile_s` = first step - median timed step; `break_even_steps` = compile_s / (eager "
-            "step - compiled step) against the same cell eager. Memory per rank: peak (`mem_kind`) and the "
-            "parameter, gradient and optimizer bytes the rank holds.",
+            "- Compile: `compile_s` = (first step - median timed step) less the same of the same cell eager "
+            "(without it measured: not less); `break_even_steps` = compile_s / (eager step - compiled step). "
+            "Memory per rank: peak (`mem_kind`, from after the model is wrapped; dp: its busiest GPU) and "
+            "the parameter, gradient and optimizer bytes the rank holds.",
         ]
     )
 
@@ -313,7 +314,7 @@ def write(
     batch.to_csv(out / "speedup_batch.csv", index=False)
     cross.to_csv(out / "speedup_crossover.csv", index=False)
     ref = reference(cfg, frame)
-    ddp = ref[(ref.strategy == "ddp") & (ref.status == "ok")].sort_values("world_size")
+    ddp = ref[(ref.strategy == strategies.reference().name) & (ref.status == "ok")].sort_values("world_size")
     base = seed_singles(frame, cfg.batch_sizes[0])
     base_sps = base.iloc[0].samples_per_s_median if len(base) else float("nan")
     scaling = pd.DataFrame(

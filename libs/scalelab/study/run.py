@@ -195,7 +195,11 @@ def measure_allreduce(
 ) -> dict | None:
     """The all-reduce microbenchmark at the largest measured ddp world size, with the model's
     gradient size; cached like a cell."""
-    ddp = [c for c in cells if c.strategy == "ddp" and results[c.name]["status"] == "ok" and c.world_size > 1]
+    ddp = [
+        c
+        for c in cells
+        if strategies.get(c.strategy).reference and results[c.name]["status"] == "ok" and c.world_size > 1
+    ]
     if not ddp:
         return None
     cell = max(ddp, key=lambda c: c.world_size)

@@ -50,7 +50,6 @@ from scalelab.runtime import dist, seeds
 from scalelab.runtime.io import json_digest
 from scalelab.runtime.paths import stage_code_digest
 from scalelab.storage import Store
-from scalelab.training import strategy
 from scalelab.training.checkpoint_files import (  # noqa: F401 (read_checkpoint: re-exported)
     EXTRA_FILE,
     JOB_FILE,
@@ -124,9 +123,9 @@ def checkpoint_state(
         "rng": dist.all_gather_object(seeds.rng_state()),
         "run_id": run_id,
     }
-    if strategy.is_sharded(loop.model):
-        return state, strategy.sharded_state(loop.model, loop.optimizer)
-    return {**state, "model": strategy.unwrap(loop.model).state_dict(), "optimizer": loop.optimizer.state_dict()}, None
+    if loop.strategy.sharded:
+        return state, loop.strategy.sharded_state(loop.model, loop.optimizer)
+    return {**state, **loop.strategy.full_state(loop.model, loop.optimizer)}, None
 
 
 def restore(state: dict[str, Any] | None, loop: Loop, seed: int, env: dist.DistEnv, parts: dict[str, Any]) -> int:
@@ -142,10 +141,9 @@ def restore(state: dict[str, Any] | None, loop: Loop, seed: int, env: dist.DistE
         return 0
     if "shards" in state:
         shards, store = state["shards"], state.get(STORE_KEY)
-        strategy.load_sharded_state(loop.model, loop.optimizer, lambda target: read_shards(shards, target, store))
+        loop.strategy.load_sharded_state(loop.model, loop.optimizer, lambda target: read_shards(shards, target, store))
     else:
-        strategy.unwrap(loop.model).load_state_dict(state["model"])
-        loop.optimizer.load_state_dict(state["optimizer"])
+        loop.strategy.load_full_state(loop.model, loop.optimizer, state)
     for name, part in {**loop.stateful(), **parts}.items():
         part.load_state_dict(state["parts"][name])
     if len(state["rng"]) == env.world_size:

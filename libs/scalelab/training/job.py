@@ -303,10 +303,10 @@ def _train(
         "best_step": best.step if best.value is not None else None,  # None: no validation value was finite
         f"best_{best.metric}": best.value,
     }
-    weights = strategy.model_state(loop.model)  # under fsdp gathered to rank 0 alone
+    weights = loop.strategy.model_state(loop.model)  # under fsdp gathered to rank 0 alone
     # each ddp rank's copy must agree; fsdp holds one copy, in shards: the digest of the gathered one
     digest = outputs.weights_digest(weights)
-    summary["rank_weight_sha256"] = [digest] if strategy.is_sharded(loop.model) else dist.all_gather_object(digest)
+    summary["rank_weight_sha256"] = [digest] if loop.strategy.sharded else dist.all_gather_object(digest)
     if env.is_main and not stopped:
         outputs.write_outputs(params, weights, manifest, out, summary, tracker, env, ckpt)
         ckpt.record(tracker.run_id, finished=True)  # a rerun trains anew: a finished job never resumes

@@ -1,4 +1,4 @@
-"""The step loop: one optimizer step for single, DataParallel, DDP and FSDP runs alike.
+"""The step loop: one optimizer step for every strategy alike (its object does what differs).
 
 `build_loop` wraps the workload's model for its strategy and builds the optimizer and scaler;
 `Loop.step` is the training step that both `scalelab train` and the speedup study's cells time.
@@ -48,6 +48,7 @@ class Loop:
     """Everything the step function touches (assigned once; no work in construction)."""
 
     model: torch.nn.Module
+    strategy: strategy.Strategy  # what wrapped `model`: its no_sync, gradient norm and state
     workload: workloads.Workload
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
@@ -60,10 +61,11 @@ class Loop:
 
     def stateful(self) -> dict[str, Any]:
         """Every part of the loop that has a `state_dict()`, besides the model and the optimizer
-        (the strategy saves those): found, not listed, so a new part cannot be left out of the
-        checkpoint."""
+        (the strategy saves those), and the strategy's own parts (a communication hook's state):
+        found, not listed, so a new part cannot be left out of the checkpoint."""
         parts = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("model", "optimizer")}
-        return {name: part for name, part in parts.items() if hasattr(part, "state_dict")}
+        found = {name: part for name, part in parts.items() if hasattr(part, "state_dict")}
+        return {**found, **self.strategy.stateful(self.model)}
 
     def autocast(self):
         if self.precision == "fp32":
@@ -81,7 +83,7 @@ class Loop:
         total = torch.zeros((), device=self.device)
         for i, (x, y) in enumerate(micro_batches):
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-            with strategy.no_sync(self.model, sync=i == len(micro_batches) - 1):
+            with self.strategy.no_sync(self.model, sync=i == len(micro_batches) - 1):
                 with self.autocast():
                     loss = self.workload.loss(self.model(x), y) / len(micro_batches)
                 self.scaler.scale(loss).backward()
@@ -89,9 +91,9 @@ class Loop:
         self.last = {"lr": self.optimizer.param_groups[0]["lr"]}
         if self.clip_norm > 0 or measure_norm:
             self.scaler.unscale_(self.optimizer)  # a no-op unless fp16: clip the true gradients
-            self.last["grad_norm"] = norm = strategy.grad_norm(self.model.parameters())
+            self.last["grad_norm"] = norm = self.strategy.grad_norm(self.model.parameters())
             if self.clip_norm > 0:
-                torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), self.clip_norm, norm)
+                self.strategy.clip_grads(self.model.parameters(), self.clip_norm, norm)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         if self.scheduler is not None:
@@ -120,8 +122,8 @@ def build_loop(
     the meta device (fsdp) is materialised from `init_state` (see `strategy.Strategy.wrap`).
     `num_devices`: the devices per node the job asks for (dp drives them all from one process).
     """
-    wrap = strategy.get(strategy_name).wrap
-    model = wrap(
+    chosen = strategy.get(strategy_name)
+    model = chosen.wrap(
         wl.model,
         device,
         wl.shard_units,
@@ -136,6 +138,7 @@ def build_loop(
         model = torch.compile(model)
     return Loop(
         model=model,
+        strategy=chosen,
         workload=wl,
         optimizer=optimizer,
         scaler=scaler,

@@ -18,7 +18,7 @@ from scalelab.config import Params
 from scalelab.runtime import dist
 from scalelab.runtime.io import atomic_write_bytes, atomic_write_json, file_digests
 from scalelab.tracking import Tracker
-from scalelab.training import profiling, strategy
+from scalelab.training import profiling
 from scalelab.training.best import Best
 from scalelab.training.checkpoint import Checkpointer
 from scalelab.training.loop import Loop
@@ -40,7 +40,7 @@ class BestWeights:
 
     def keep(self, loop: Loop, env: dist.DistEnv, best: Best) -> None:
         """Every rank calls it at an improvement: under fsdp the weights are gathered to rank 0."""
-        weights = strategy.model_state(loop.model)
+        weights = loop.strategy.model_state(loop.model)
         if env.is_main:
             extra = {"best": {"metric": best.metric, "value": best.value, "step": best.step}}
             self.unwritten = model_file(self.params, weights, self.manifest, extra)  # a copy, taken now
