@@ -1,4 +1,4 @@
-"""The registries (config/names.py): optimizers, LR schedules, data sources and pruners, one object
+"""The registries (config/names.py): optimizers, LR schedules, data sources, samplers and pruners, one object
 each. The schema allows exactly their names, what builds them is keyed the same, and any other name
 is refused with the key, the value and the allowed names, never built as a fallback."""
 
@@ -13,6 +13,7 @@ from scalelab.config import ConfigError, DataConfig, TrainConfig, names, parse_p
 from scalelab.config.schema import DATA_KINDS
 from scalelab.data.features import FEATURE_READERS
 from scalelab.data.prepare import TOKEN_READERS
+from scalelab.sweeps import samplers
 from scalelab.training import pruning, schedule
 from scalelab.training.loop import OPTIMIZERS, Optim
 
@@ -52,6 +53,7 @@ def test_the_schema_and_what_builds_read_one_table_of_names():
     assert set(TOKEN_READERS) == {n for n, s in names.DATA_SOURCES.items() if s.kind == "tokens"}
     assert set(FEATURE_READERS) == {n for n, s in names.DATA_SOURCES.items() if s.kind == "features"}
     assert set(pruning.PRUNERS) == set(names.PRUNERS)
+    assert set(samplers.SAMPLERS) == set(names.SAMPLERS)
     for name in names.OPTIMIZERS:  # each builds its own optimizer
         built = Optim(name=name).build([torch.nn.Parameter(torch.zeros(2))])
         assert type(built).__name__.lower() == name
@@ -60,12 +62,19 @@ def test_the_schema_and_what_builds_read_one_table_of_names():
 
 
 @pytest.mark.integration  # the CLI, in a process of its own
-def test_sweep_submit_refuses_an_unknown_pruner_in_one_line_before_anything_starts(workdir, prepared_digits):
+@pytest.mark.parametrize(
+    ("option", "value", "allowed"),
+    [("--pruner", "asha", "'halving'"), ("--method", "bayes", "'grid' | 'tpe' | 'random'")],
+)
+def test_sweep_submit_refuses_an_unknown_pruner_or_method_in_one_line_before_anything_starts(
+    workdir, prepared_digits, option, value, allowed
+):
     write_params(workdir / "params.yaml", tiny_params(sweep={"launcher": "local"}))
+    options = {"--method": "grid", "--pruner": "none", option: value}
     proc = run_cli(
-        "sweep", "submit", "--name", "s", "--method", "grid", "--pruner", "asha", "--data", str(prepared_digits),
-        "-S", "train.lr=0.1,0.2", cwd=workdir, check=False,
+        "sweep", "submit", "--name", "s", *(a for pair in options.items() for a in pair),
+        "--data", str(prepared_digits), "-S", "train.lr=0.1,0.2", cwd=workdir, check=False,
     )  # fmt: skip
     last = proc.stderr.strip().splitlines()[-1]
-    assert proc.returncode == 2 and "--pruner = 'asha' is not allowed" in last and "'halving'" in last, proc.stderr
+    assert proc.returncode == 2 and f"{option} = '{value}' is not allowed" in last and allowed in last, proc.stderr
     assert not (workdir / "results").exists()

@@ -14,7 +14,7 @@ import torch
 import yaml
 from mlflow import MlflowClient
 
-from helpers import BIN, histories, run_cli, says_why, slurm_logs, tiny_params, wait_for, write_params
+from helpers import BIN, histories, log_of, run_cli, says_why, slurm_logs, tiny_params, wait_for, write_params
 from scalelab.training.plan import read_resolved
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
@@ -23,18 +23,20 @@ TWO_NODES = {"launcher": "slurm", "num_nodes": 2, "nproc_per_node": 1}
 
 def sacct_states(job_id: str, env: dict, want: str, timeout_s: float = 60) -> dict[str, tuple[str, str]]:
     """{step: (state, nodelist)} once the job's own state starts with `want` (accounting lags a little)."""
-    deadline = time.time() + timeout_s
-    while True:
-        out = subprocess.run(
+    seen: dict[str, str] = {"sacct": ""}
+
+    def rows() -> dict[str, tuple[str, ...]] | None:
+        seen["sacct"] = subprocess.run(
             ["sacct", "-j", job_id, "-n", "-P", "-o", "JobID,State,NodeList"],
             env={**os.environ, **env},
             capture_output=True,
             text=True,
         ).stdout
-        rows = {r.split("|")[0]: tuple(r.split("|")[1:]) for r in out.strip().splitlines()}
-        if rows.get(job_id, ("",))[0].startswith(want) or time.time() > deadline:
-            return rows
-        time.sleep(1)
+        found = {r.split("|")[0]: tuple(r.split("|")[1:]) for r in seen["sacct"].strip().splitlines()}
+        return found if found.get(job_id, ("",))[0].startswith(want) else None
+
+    what = f"job {job_id} {want} in SLURM's accounting"
+    return wait_for(rows, timeout_s, what, log=log_of("sacct", lambda: seen["sacct"]), poll_s=1)
 
 
 def weights(path):

@@ -16,13 +16,12 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from helpers import BIN, copy_repo, run_cli, tiny_params, training_pipeline
+from helpers import BIN, copy_repo, run_cli, tiny_params, training_pipeline, wait_for
 from services import s3_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("shared-store")]
@@ -207,16 +206,23 @@ def test_a_push_cut_by_the_stores_death_completes_when_rerun(tmp_path):
         set_store(a, PREFIX, first)
         port, creds = first.endpoint.rsplit(":", 1)[1], (first.access_key_id, first.secret_access_key)
         env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
-        push = subprocess.Popen(
-            [str(BIN / "dvc"), "push", "-j", "2"], cwd=a, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-        )
+        push_log = tmp_path / "push.log"
+        with open(push_log, "wb") as log:
+            push = subprocess.Popen(
+                [str(BIN / "dvc"), "push", "-j", "2"], cwd=a, env=env, stdout=log, stderr=subprocess.STDOUT
+            )
         objects = base / "data/scalelab/lab/files/md5"
-        deadline = time.monotonic() + 120
-        while not (objects.is_dir() and any(objects.rglob("*"))):
-            assert push.poll() is None and time.monotonic() < deadline, "the push ended before the store stopped"
-            time.sleep(0.05)
+        wait_for(
+            lambda: objects.is_dir() and any(objects.rglob("*")),
+            120,
+            "the push's first object folder in the store",
+            push,
+            log=push_log,
+            poll_s=0.05,
+        )
         os.killpg(first.pid, signal.SIGKILL)  # the store dies mid-push (an object's folder, no object yet)
-        out = push.communicate(timeout=300)[0].decode()
+        push.wait(timeout=300)
+        out = push_log.read_text()
     assert push.returncode != 0, out
     failed = [line for line in out.splitlines() if line.startswith("ERROR: failed to transfer")]
     assert failed and all(f"{first.endpoint}/scalelab/lab/files/md5/" in line for line in failed), out

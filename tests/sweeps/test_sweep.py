@@ -1,7 +1,6 @@
 """`scalelab sweep` on the local SLURM cluster: one job array, returns at once, collect later."""
 
 import json
-import time
 
 import pandas as pd
 import pytest
@@ -60,13 +59,15 @@ def test_sweep_of_four_with_one_failing_element(workdir, prepared_digits, slurm_
 
     logs = slurm_logs(workdir)  # the array elements' output
     wait_for(lambda: not slurm_queued([array], slurm_cluster), 600, "the array to end", log=logs, poll_s=2)
+    summary_csv = workdir / "results/sweeps/lr/summary.csv"
+
+    def collected() -> bool:  # one collect, unless SLURM's accounting lags behind the queue for a moment
+        run_cli("sweep", "collect", "--name", "lr", cwd=workdir, env=slurm_cluster)
+        return set(pd.read_csv(summary_csv, keep_default_na=False).status) <= {"finished", "failed"}
+
+    wait_for(collected, 120, "every element's end in collect", log=[summary_csv, logs], poll_s=2)
     with says_why(logs):
-        for _ in range(30):  # one collect, unless SLURM's accounting lags behind the queue for a moment
-            run_cli("sweep", "collect", "--name", "lr", cwd=workdir, env=slurm_cluster)
-            summary = pd.read_csv(workdir / "results/sweeps/lr/summary.csv", keep_default_na=False)
-            if set(summary.status) <= {"finished", "failed"}:
-                break
-            time.sleep(2)
+        summary = pd.read_csv(summary_csv, keep_default_na=False)
         assert sorted(summary.status) == ["failed", "finished", "finished", "finished"], summary.to_string()
         failed = summary[summary.status == "failed"].iloc[0]
         assert float(failed["override.train.lr"]) == 1e20

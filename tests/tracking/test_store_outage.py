@@ -170,13 +170,17 @@ def hold_at_first_checkpoint(workdir: Path, url: str, proc: subprocess.Popen, lo
         # the writer starts at the first checkpoint's flush (SCALELAB_WRITER_AFTER_S=0)
         [writer] = wait_for(lambda: job_processes(proc, "scalelab.tracking.writer"), 60, "the writer", proc, log=logs)
         stored = first_metric(url)
-        while not (unread_bytes(writer.pid) or stored()):
-            assert proc.poll() is None, f"the job exited {proc.returncode}"
+
+        def sliced() -> bool:  # one 20 ms slice for the ranks, then: is the batch in the writer's stdin?
             for rank in ranks:
                 rank.resume()
-            time.sleep(0.02)
+            time.sleep(0.02)  # the ranks' slice, not a wait for an outcome
             for rank in ranks:
                 rank.suspend()
+            return bool(unread_bytes(writer.pid) or stored())
+
+        if not (unread_bytes(writer.pid) or stored()):
+            wait_for(sliced, 300, "the first metrics in the writer's stdin", proc, log=logs, poll_s=0)
         wait_for(stored, 120, "the job's first train_loss on the server", proc, log=logs, poll_s=0.2)
     except BaseException:
         resume(ranks)

@@ -86,13 +86,17 @@ def stop_after_first_checkpoint(workdir, proc, victim):
     """SIGSTOPs `victim` within a few steps of the first checkpoint, however slow this machine is:
     it runs in 20 ms slices (SIGCONT, then SIGSTOP) until the checkpoint is on disk, so the job
     cannot get far past it, or end, while the test looks. Returns when the victim stays stopped."""
+    checkpoints = workdir / "out/checkpoints"
+
+    def sliced() -> bool:  # one 20 ms time slice for the victim, then: is the checkpoint on disk?
+        victim.resume()
+        time.sleep(0.02)  # the victim's slice, not a wait for an outcome
+        victim.suspend()
+        return bool(list(checkpoints.glob("step-*")))
+
     try:
         victim.suspend()
-        while not list((workdir / "out/checkpoints").glob("step-*")):
-            assert proc.poll() is None, f"the job exited {proc.returncode}{output_tail(stderr_of(workdir))}"
-            victim.resume()
-            time.sleep(0.02)  # a time slice for the victim, not a wait for an outcome
-            victim.suspend()
+        wait_for(sliced, 300, "the first checkpoint", proc, log=stderr_of(workdir), poll_s=0)
     except psutil.NoSuchProcess:
         raise AssertionError(f"rank 1 ended before the first checkpoint{output_tail(stderr_of(workdir))}") from None
 
@@ -107,14 +111,16 @@ def test_a_stopped_rank_times_out_and_the_rerun_resumes(workdir, prepared_digits
     stop_after_first_checkpoint(workdir, proc, victim)  # its sockets stay open: the others wait, until the timeout
     stopped = time.time()
     with says_why(stderr_of(workdir)):
-        try:
-            proc.wait(timeout=timeout_s + 90)
+        try:  # an event with a deadline: the job ends on its own (a hung one never would); how soon
+            # after the 30 s timeout (torchrun then waits up to 30 s for the others) depends on the
+            # machine's load, so it is recorded below, not bounded
+            proc.wait(timeout=timeout_s + 270)
         finally:
             if victim.is_running():
                 victim.kill()
         detect_s = time.time() - stopped
         assert proc.returncode == 1
-        assert detect_s < timeout_s + 60, detect_s  # torchrun waits up to 30 s for the others to stop
+        assert detect_s >= timeout_s, detect_s  # the collective timeout ended it, not something sooner
         run = the_run(workdir)
         assert run.info.status == "FAILED"
         newest = max(int(p.stem.split("-")[1]) for p in (workdir / "out/checkpoints").glob("step-*"))

@@ -1,12 +1,13 @@
-"""The registries: every optimizer, LR schedule, data source and search pruner params.yaml or the
-CLI may name, one small frozen object each, and the only list of them.
+"""The registries: every optimizer, LR schedule, data source, sweep sampler and search pruner
+params.yaml or the CLI may name, one small frozen object each, and the only list of them.
 
 The schema's allowed values (`train.optimizer`, `train.lr_schedule`, `data.source`) and `scalelab
-sweep submit --pruner` are these tables' keys; any other name is refused with the key, the value and
-the allowed names (`check`), never built as a fallback. What lies above this package builds each
+sweep submit --method` and `--pruner` are these tables' keys; any other name is refused with the
+key, the value and the allowed names (`check`), never built as a fallback. What lies above this package builds each
 entry from a table keyed the same (a test checks it): `training.loop.OPTIMIZERS`,
-`data.prepare.TOKEN_READERS` (token sources) and `data.features.FEATURE_READERS`, and
-`training.pruning.PRUNERS`. An LR schedule is pure arithmetic, so its entry holds its own curve.
+`data.prepare.TOKEN_READERS` (token sources) and `data.features.FEATURE_READERS`,
+`sweeps.samplers.SAMPLERS` and `training.pruning.PRUNERS`. An LR schedule is pure arithmetic, so
+its entry holds its own curve.
 
 To add one: its entry here, and its builder in the table above (a schedule needs no builder; a data
 source also needs its section of knobs in config/schema.py).
@@ -40,6 +41,12 @@ class LrSchedule:
 class DataSource:
     name: str  # the value of data.source
     kind: str  # what it gives a workload: 'features' (rows with class labels) or 'tokens'
+    doc: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Sampler:
+    name: str  # the value of `scalelab sweep submit --method`
     doc: str
 
 
@@ -92,6 +99,12 @@ DATA_SOURCES: dict[str, DataSource] = _table(
     DataSource(
         name="jsonl", kind="tokens", doc="JSON Lines files, one string field per line as byte tokens, data.jsonl"
     ),
+)
+
+SAMPLERS: dict[str, Sampler] = _table(
+    Sampler(name="grid", doc="every combination of the listed values, once (a job array on SLURM)"),
+    Sampler(name="tpe", doc="Optuna's TPE: random points first, then a model of the good ones"),
+    Sampler(name="random", doc="independent random draws from the space"),
 )
 
 PRUNERS: dict[str, Pruner] = _table(

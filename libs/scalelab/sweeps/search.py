@@ -23,7 +23,6 @@ k-th round runs, read by every rank of a multi-task element); summary.csv, summa
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import signal
@@ -41,13 +40,13 @@ from scalelab.data.store import verify
 from scalelab.launch import slurm
 from scalelab.runtime.device import cuda_device_count
 from scalelab.sweeps.manifest import SHAPE_KEYS, Search
+from scalelab.sweeps.samplers import grid_points
 from scalelab.sweeps.search_collect import collect
 from scalelab.sweeps.search_worker import SearchJob
 from scalelab.tracking import MlflowTracker, tracking_uri
 from scalelab.training.pruning import open_storage
 from scalelab.training.submit import plan_job
 
-METHODS = ("grid", "tpe", "random")
 MANAGED_KEYS = ("train.best_metric", "train.best_mode", "tracking.run_id")  # set by the search itself
 
 
@@ -70,8 +69,7 @@ def plan(args: Any, folder: Path, raw: dict[str, Any], specs: list[str]) -> Sear
     Raises:
         ConfigError, DataError: one line naming the option or key, the value and what is allowed.
     """
-    if args.method not in METHODS:
-        raise ConfigError(f"--method {args.method!r} is not allowed: give one of {', '.join(METHODS)}")
+    names.check("--method", args.method, names.SAMPLERS)
     names.check("--pruner", args.pruner, names.PRUNERS)
     for option, value in (("--trials", args.trials), ("--parallel", args.parallel)):
         if value is not None and value < 1:
@@ -83,14 +81,7 @@ def plan(args: Any, folder: Path, raw: dict[str, Any], specs: list[str]) -> Sear
         if key in SHAPE_KEYS or key in MANAGED_KEYS:
             why = "one job array has one job shape" if key in SHAPE_KEYS else "the search sets it"
             raise ConfigError(f"-S {key} is not allowed in a search: {why}")
-    if args.method == "grid":
-        drawn = [k for k, d in space.items() if d.kind != "choice"]
-        if drawn:
-            raise ConfigError(
-                f"-S {drawn[0]}={space[drawn[0]].describe()}: --method grid takes lists of values; "
-                "use --method tpe or random to sample a range"
-            )
-    trials = args.trials or (math.prod(len(d.choices) for d in space.values()) if args.method == "grid" else 0)
+    trials = args.trials or (len(grid_points(space)) if args.method == "grid" else 0)  # grid: refuses a range
     if not trials:
         raise ConfigError(f"--trials is required with --method {args.method}: give the budget, e.g. --trials 20")
     search = Search(

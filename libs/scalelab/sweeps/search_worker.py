@@ -25,6 +25,7 @@ from scalelab.config import ConfigError, parse_params
 from scalelab.runtime.io import atomic_write_json
 from scalelab.runtime.lock import FolderLock
 from scalelab.sweeps.manifest import Search, info
+from scalelab.sweeps.samplers import make_sampler
 from scalelab.tracking import MlflowTracker
 from scalelab.training.pruning import TRIAL_FILE, load_study
 from scalelab.training.submit import plan_job, resolve
@@ -56,7 +57,7 @@ def _new_trial(search: Search, study: Any, worker: int, job_id: str) -> int | No
     the params schema or the run plan refuses (a combination no bound showed) is a failed trial."""
     import optuna
 
-    sampler = _sampler(search, len(study.get_trials(deepcopy=False)))
+    sampler = make_sampler(search.method, search.dims, study, search.seed, search.trials)
     study = optuna.load_study(study_name=search.name, storage=study._storage, sampler=sampler)
     dims = search.dims
     trial = study.ask({k: d.distribution() for k, d in dims.items()})
@@ -85,21 +86,6 @@ def _new_trial(search: Search, study: Any, worker: int, job_id: str) -> int | No
     resolve(params, search.data, out)
     atomic_write_json(out / TRIAL_FILE, {**info(search), "trial_id": trial._trial_id, "number": trial.number})
     return trial.number
-
-
-def _sampler(search: Search, asked: int) -> Any:
-    """A sampler seeded by the search's seed and the trial's position: parallel workers draw
-    different points, and a rerun of the same history draws the same ones."""
-    import optuna
-
-    seed = search.seed * 100_003 + asked
-    if search.method == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if search.method == "grid":
-        grid = {k: [d.distribution().choices[i] for i in range(len(d.choices))] for k, d in search.dims.items()}
-        return optuna.samplers.GridSampler(grid, seed=search.seed)
-    startup = max(2, min(10, search.trials // 4))  # random points first, then the model
-    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup, multivariate=True, constant_liar=True)
 
 
 def fail_stale(search: Search, study: Any) -> list[int]:

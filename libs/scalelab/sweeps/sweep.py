@@ -22,12 +22,14 @@ from typing import Any
 
 from scalelab.config import ConfigError, Params, names, parse_params, read_yaml
 from scalelab.config.loader import check_name
-from scalelab.config.overrides import apply, expand, parse_overrides
+from scalelab.config.overrides import apply, parse_overrides
+from scalelab.config.space import parse_space
 from scalelab.data.store import verify
 from scalelab.launch import slurm
 from scalelab.runtime.io import atomic_write_json
 from scalelab.runtime.paths import repo_root
 from scalelab.sweeps.manifest import SHAPE_KEYS, Search
+from scalelab.sweeps.samplers import grid_points
 from scalelab.sweeps.sweep_table import BY_SETTING_FILE, best_line, by_setting, write_by_setting
 from scalelab.tracking import MlflowTracker, tracking_uri
 from scalelab.training.outputs import RUN_MEANS
@@ -71,15 +73,15 @@ def settings(params_file: str, specs: list[str]) -> tuple[dict[str, Any], list[s
 def plan(params_file: str, raw: dict[str, Any], specs: list[str]) -> tuple[Params, list[tuple[dict, Params]]]:
     """Validates the base params and every element; returns (base, [(overrides, params)])."""
     base = parse_params(raw, params_file)
-    grid = parse_overrides(specs)
-    bad = [k for k in grid if k in SHAPE_KEYS]
+    space = parse_space(specs)
+    bad = [k for k in space if k in SHAPE_KEYS]
     if bad:
         raise ConfigError(
             f"-S {bad[0]} is not allowed in a sweep: one job array has one job shape "
             f"({', '.join(SHAPE_KEYS)}); submit one sweep per shape"
         )
     elements = []
-    for overrides in expand(grid):
+    for overrides in grid_points(space):  # the grid's one list of points, as a local grid runs them
         try:
             elements.append((overrides, parse_params(apply(raw, overrides), params_file)))
         except ConfigError as exc:
@@ -89,7 +91,8 @@ def plan(params_file: str, raw: dict[str, Any], specs: list[str]) -> tuple[Param
 
 def submit(args: argparse.Namespace) -> int:
     check_name("--name", args.name)
-    names.check("--pruner", args.pruner, names.PRUNERS)  # before anything starts, grid or search
+    names.check("--method", args.method, names.SAMPLERS)  # before anything starts, grid or search
+    names.check("--pruner", args.pruner, names.PRUNERS)
     folder = sweeps_root() / args.name
     if (folder / "manifest.json").exists():
         raise ConfigError(f"--name {args.name!r}: {folder} already holds a sweep; pick another name")
@@ -308,7 +311,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a params key and its values, repeated per key: a grid takes lists (train.lr=0.001,0.003), a search "
         "also ranges (loguniform(1e-4,1e-1), int(0,200), ...); sweep.* and slurm.* keys set the submission (one value)",
     )
-    p.add_argument("--method", default="grid", help="grid (every combination), tpe or random (default: grid)")
+    p.add_argument(
+        "--method",
+        default="grid",
+        help=f"{', '.join(names.SAMPLERS)} (default: grid, every combination; config/names.py)",
+    )
     p.add_argument("--trials", type=int, help="the budget of trials (tpe, random; grid: the grid's size)")
     p.add_argument("--parallel", type=int, help="trials at once (default: sweep.array_parallelism)")
     p.add_argument(
