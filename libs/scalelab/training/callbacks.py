@@ -49,6 +49,10 @@ class NonFiniteLossError(RuntimeError):
 
 
 class Callback:
+    """A cadence: `on_step` after each step it is `due` (every `every_n_steps` and the last one);
+    `begin` opens what it needs for the loop (on `stack`, closed however the loop ends), `end`
+    runs after the loop."""
+
     every_n_steps = 1
 
     def due(self, t: Trainer) -> bool:
