@@ -106,7 +106,7 @@ def test_run_ending_in_an_exception_is_flushed_and_marked(
     def evaluate(*args, **kwargs):  # the end of epoch 1: well past the last flush (none so far)
         raise error
 
-    monkeypatch.setattr("scalelab.training.job.evaluate", evaluate)
+    monkeypatch.setattr("scalelab.training.callbacks.evaluate", evaluate)
     with pytest.raises(type(error)):
         train_here(params, prepared_digits, workdir / "out")
     client = MlflowClient(tracking.tracking_uri())

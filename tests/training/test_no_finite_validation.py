@@ -9,7 +9,7 @@ import torch
 
 from helpers import tiny_params, train_here, write_params
 from scalelab.config import ConfigError, load_params
-from scalelab.training import evaluation, job
+from scalelab.training import callbacks, evaluation
 
 
 @pytest.mark.integration  # a training run in this process
@@ -17,7 +17,7 @@ def test_a_run_without_a_finite_validation_value_writes_its_outputs_and_best_pt_
     workdir, prepared_digits, monkeypatch
 ):
     nan_scores = {"loss": math.nan, "accuracy": math.nan}
-    monkeypatch.setattr(job, "evaluate", lambda *args, **kwargs: dict(nan_scores))
+    monkeypatch.setattr(callbacks, "evaluate", lambda *args, **kwargs: dict(nan_scores))
     single = {"strategy": "single", "nproc_per_node": 1, "early_stop_patience": 1}
     write_params(workdir / "p.yaml", tiny_params(train=single, tracking={"enabled": False}))
     params = load_params(workdir / "p.yaml")

@@ -36,5 +36,5 @@ def test_non_finite_loss_fails_the_run_and_keeps_only_finite_checkpoints(
     assert run.info.status == "FAILED"
     for path in (workdir / "out/checkpoints").glob("step-*.pt"):
         state = torch.load(path, weights_only=True)
-        assert all(torch.isfinite(t).all() for t in state["model"].values()), path.name
+        assert all(torch.isfinite(t).all() for t in state["weights"]["model"].values()), path.name
     assert not (workdir / "out/model.pt").exists()

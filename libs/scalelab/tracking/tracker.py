@@ -2,7 +2,7 @@
 
 The training loop only ever calls a `Tracker`. Global rank 0 holds the MLflow tracker; every other
 rank holds a `NullTracker`. `log_metrics` only appends a tuple to a list, so the hot loop makes no
-MLflow call. At each checkpoint the train job (scalelab.training.job) calls `flush(wait=False)`,
+MLflow call. At each checkpoint the train job (scalelab.training.checkpoint_parts) calls `flush(wait=False)`,
 which hands the list to a writer process (scalelab.tracking.writer) that stores it with `log_batch`
 and retries on failure, and returns at once; the metrics not yet confirmed (`pending_metrics()`) go
 into the checkpoint, so a job killed while the writer is busy re-sends them on resume

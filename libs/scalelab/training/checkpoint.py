@@ -1,8 +1,9 @@
 """Atomic, resumable checkpoints.
 
-A checkpoint holds model, optimizer, step, epoch, sampler position, the RNG state of every rank
-and the `state_dict()` of every other stateful part of the job (scaler, LR scheduler, best value
-and patience: `parts`). Under ddp and single it is one file `step-XXXXXXXX.pt`, written to a temp
+A checkpoint holds the state of every stateful part of the job, each under its name: model and
+optimizer, scaler, LR schedule, step and sampler position, meter window, pending metrics, best
+value and patience, the RNG state of every rank (training.checkpoint_parts: one registration per
+part); this module is where they are stored. Under ddp and single it is one file `step-XXXXXXXX.pt`, written to a temp
 file in the same folder and moved into place with os.replace. Under fsdp it is a folder
 `step-XXXXXXXX.dcp`: every rank writes its own shards of model and optimizer with
 `torch.distributed.checkpoint` (no rank ever holds the whole state), rank 0 adds the rest as
@@ -46,7 +47,7 @@ import torch
 
 from scalelab.config import TrainConfig, to_dict
 from scalelab.config.schema import CHECKPOINT_NAME
-from scalelab.runtime import dist, seeds
+from scalelab.runtime import dist
 from scalelab.runtime.io import json_digest
 from scalelab.runtime.paths import stage_code_digest
 from scalelab.storage import Store
@@ -66,7 +67,7 @@ from scalelab.training.checkpoint_files import (  # noqa: F401 (read_checkpoint:
     read_entry,
     zip_damage,
 )
-from scalelab.training.loop import Loop
+from scalelab.training.checkpoint_parts import checkpoint_state, read_shards, restore  # noqa: F401 (re-exported)
 from scalelab.training.plan import BEST_FILE  # beside the checkpoints: the best weights so far
 
 log = logging.getLogger(__name__)
@@ -105,74 +106,6 @@ def fingerprint(train: TrainConfig, manifest: dict[str, Any]) -> str:
         },
         length=16,
     )
-
-
-def checkpoint_state(
-    loop: Loop, epoch: int, run_id: str | None, parts: dict[str, Any]
-) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """(the state, complete on rank 0 only; the shards of this rank under fsdp, else None).
-
-    Every rank must call it: it gathers every rank's RNG state. `parts` are the job's stateful
-    parts beyond the loop's (e.g. the best-value tracker). Under ddp and single the state holds
-    the model's and optimizer's state dicts; under fsdp each rank's shards come separately, for
-    `Checkpointer.save` to write without gathering them.
-    """
-    state = {
-        "parts": {name: part.state_dict() for name, part in {**loop.stateful(), **parts}.items()},
-        "epoch": epoch,
-        "rng": dist.all_gather_object(seeds.rng_state()),
-        "run_id": run_id,
-    }
-    if loop.strategy.sharded:
-        return state, loop.strategy.sharded_state(loop.model, loop.optimizer)
-    return {**state, **loop.strategy.full_state(loop.model, loop.optimizer)}, None
-
-
-def restore(state: dict[str, Any] | None, loop: Loop, seed: int, env: dist.DistEnv, parts: dict[str, Any]) -> int:
-    """Restores a checkpoint if given, else seeds this rank; returns the global step.
-
-    The epoch and the sampler position follow from the step: step // steps_per_epoch, and the
-    remainder in optimizer steps. A checkpoint made at another world size (same global batch)
-    resumes too: shards are resharded on load, and each rank's random streams start anew from
-    (seed, step), since the ranks' streams do not map onto a new number of ranks.
-    """
-    if state is None:
-        seeds.seed_all(seeds.rank_seed(seed, env.rank))
-        return 0
-    if "shards" in state:
-        shards, store = state["shards"], state.get(STORE_KEY)
-        loop.strategy.load_sharded_state(loop.model, loop.optimizer, lambda target: read_shards(shards, target, store))
-    else:
-        loop.strategy.load_full_state(loop.model, loop.optimizer, state)
-    for name, part in {**loop.stateful(), **parts}.items():
-        part.load_state_dict(state["parts"][name])
-    if len(state["rng"]) == env.world_size:
-        seeds.set_rng_state(state["rng"][env.rank])
-    else:
-        log.warning(
-            "resuming step %d, saved by %d ranks, on %d: the same data order; each rank's random "
-            "streams (dropout) start anew from the seed and the step",
-            state["step"],
-            len(state["rng"]),
-            env.world_size,
-        )
-        seeds.seed_all(seeds.rank_seed(seed + state["step"], env.rank))
-    return state["step"]
-
-
-def read_shards(path: str | Path, target: dict[str, Any], store: Store | None = None) -> None:
-    """Loads a sharded checkpoint's tensors into `target` in place (DCP: each rank reads what its
-    shards need, resharding when the world size changed); `path` may be a URL in the store."""
-    import torch.distributed.checkpoint as dcp
-
-    parent, name = str(path).rstrip("/").rsplit("/", 1)
-    files = files_at(parent, store)
-    with files.guard(f"reading {name}"):
-        refusal = metadata_refusal(files, name)
-    if refusal:
-        raise CheckpointError(refusal)
-    with files.guard(f"reading {name}"):
-        dcp.load(target, **files.dcp(name, writing=False))
 
 
 class Checkpointer:

@@ -2,7 +2,7 @@
 with other params, data or code, on purpose (the sets `Checkpointer.claim` moves aside into
 `<out>/checkpoints/stale-<fingerprint>/`). A relative path is read from the workspace
 (runtime.paths.repo_root). The job's run records it: `scalelab.resumed_from` and
-`scalelab.resumed_from_fingerprint` tags (training.job). Once the job has checkpoints of its own, a
+`scalelab.resumed_from_fingerprint` tags (training.trainer). Once the job has checkpoints of its own, a
 rerun resumes from those, as any job does.
 """
 
@@ -17,8 +17,9 @@ from scalelab.config.schema import resume_from_error, resume_from_problem
 from scalelab.runtime import dist
 from scalelab.runtime.paths import repo_root
 from scalelab.tracking import Tracker
-from scalelab.training.checkpoint import Checkpointer, CheckpointError, cause, read_checkpoint, restore
-from scalelab.training.loop import Loop
+from scalelab.training.best import Best
+from scalelab.training.checkpoint import Checkpointer, CheckpointError, cause, read_checkpoint
+from scalelab.training.checkpoint_parts import PENDING_KEY, CheckpointParts
 from scalelab.training.plan import BEST_FILE
 
 log = logging.getLogger(__name__)
@@ -54,35 +55,28 @@ def load_resume_source(source: Path, ckpt: Checkpointer, env: dist.DistEnv) -> d
 
 
 def restore_resumed(
-    state: dict[str, Any],
-    source: Path,
-    ckpt: Checkpointer,
-    loop: Loop,
-    seed: int,
-    env: dist.DistEnv,
-    parts: dict[str, Any],
-    tracker: Tracker,
+    state: dict[str, Any], source: Path, ckpt: Checkpointer, parts: CheckpointParts, best: Best, tracker: Tracker
 ) -> int:
-    """`checkpoint.restore` of the checkpoint `load_resume_source` read; the run records where it
-    came from. Returns the step it goes on from.
+    """Restores the parts from the checkpoint `load_resume_source` read, all but the pending
+    metrics (they stay in its own run); the run records where it came from. Returns the step it
+    goes on from.
 
     Raises:
         CheckpointError: the checkpoint does not fit this job (another model, optimizer or parts).
     """
     try:
-        step = restore(state, loop, seed, env, parts)
+        parts.load(state, skip=(PENDING_KEY,))
     except Exception as exc:
         raise CheckpointError(
             f"train.resume_from = {str(source)!r}: its checkpoint of step {state['step']} does not fit this job's "
             f"model, optimizer or parts: {cause(exc)}"
         ) from exc
-    if "best" in parts and not ckpt.files.is_file(BEST_FILE):  # no best.pt came with it: no best yet
-        best = parts["best"]
+    if not ckpt.files.is_file(BEST_FILE):  # no best.pt came with it: no best yet
         best.load_state_dict({"value": None, "step": 0, "since_better": 0})
     tracker.set_tags(
         {"scalelab.resumed_from": str(source), "scalelab.resumed_from_fingerprint": state.get("fingerprint")}
     )
-    return step
+    return state["step"]
 
 
 def load_newest(folder: str | Path) -> dict[str, Any] | None:

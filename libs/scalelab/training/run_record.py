@@ -1,6 +1,6 @@
 """What a training job's MLflow run records: its name, every param (masked), the seed ledger,
 the provenance and the resolved config (`config.json`, which `scalelab reproduce` rebuilds from).
-Global rank 0 calls these once the run is open (`training.job.open_tracker`)."""
+Global rank 0 calls these once the run is open (`training.run_tracking.open_tracker`)."""
 
 from __future__ import annotations
 
