@@ -49,6 +49,6 @@ def test_dvc_exp_run_trains_with_ddp_powersgd_and_checkpoints_the_hook_state(rep
     assert len(set(summary["rank_weight_sha256"])) == 1 and len(summary["rank_weight_sha256"]) == 2  # ranks agree
     [newest, *_] = sorted((repo_copy / "results/train/checkpoints").glob("step-*.pt"), reverse=True)
     state = torch.load(newest, map_location="cpu", weights_only=True)
-    hook = state["parts"]["comm_hook"]
+    hook = state["comm_hook"]  # each part under its name (training.checkpoint_parts)
     assert hook["iter"] == state["step"] > strategy.get(NAME).START_ITER  # it compressed after its start
     assert hook["q"] and len(hook["errors"]) == 2 and all(hook["errors"])  # low-rank factors and each rank's error
