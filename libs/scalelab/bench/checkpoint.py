@@ -181,14 +181,9 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
     return {"repeats": args.repeats, "rows": rows, "goal": goal, "dropped": dropped}
 
 
-BENCH = harness.Benchmark(
-    "checkpoint",
-    "checkpoint.json",
-    METHOD,
-    measure,
-    options=(
-        opt("--ckpt-params", [10**5, 10**6, 10**7], "parameter counts (about)"),
-        opt("--ckpt-ranks", [1, 2], "world sizes"),
-        opt("--repeats", 3, "timed saves and loads per size"),
-    ),
+OPTIONS = (
+    opt("--ckpt-params", [10**5, 10**6, 10**7], "parameter counts (about)"),
+    opt("--ckpt-ranks", [1, 2], "world sizes"),
+    opt("--repeats", 3, "timed saves and loads per size"),
 )
+BENCH = harness.Benchmark("checkpoint", "checkpoint.json", METHOD, measure, OPTIONS)

@@ -248,19 +248,14 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
     }  # fmt: skip
 
 
-BENCH = harness.Benchmark(
-    "data",
-    "data.json",
-    METHOD,
-    measure,
-    options=(
-        opt("--sizes-mb", [10, 100, 1000], "MB of text per size"),
-        opt("--repeats", 3, "timed repeats per size and arm"),
-        opt("--steps", 30, "training steps per arm and repeat"),
-        opt("--workers", [0, 2], "num_workers of each arm"),
-        opt("--batch-size", 16, "sequences per rank and step"),
-        opt("--model", GPT, "train.model of the gpt workload (JSON)", type=json.loads),
-        opt("--nproc", 2, "ranks of the DDP job"),
-        opt("--csv-rows", [1000, 10_000, 100_000], "CSV rows prepared (0: skip); 10^6: the issue's full range"),
-    ),
+OPTIONS = (
+    opt("--sizes-mb", [10, 100, 1000], "MB of text per size"),
+    opt("--repeats", 3, "timed repeats per size and arm"),
+    opt("--steps", 30, "training steps per arm and repeat"),
+    opt("--workers", [0, 2], "num_workers of each arm"),
+    opt("--batch-size", 16, "sequences per rank and step"),
+    opt("--model", GPT, "train.model of the gpt workload (JSON)", type=json.loads),
+    opt("--nproc", 2, "ranks of the DDP job"),
+    opt("--csv-rows", [1000, 10_000, 100_000], "CSV rows prepared (0: skip); 10^6: the issue's full range"),
 )
+BENCH = harness.Benchmark("data", "data.json", METHOD, measure, OPTIONS)

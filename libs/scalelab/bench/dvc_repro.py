@@ -140,18 +140,12 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
     return result
 
 
-BENCH = harness.Benchmark(
-    "dvc",
-    "dvc.json",
-    METHOD,
-    measure,
-    scratch_outside=True,  # a copy of the repository: not inside a checkout
-    options=(
-        opt("--repo", str(PACKAGE_ROOT), "the repository to copy"),
-        opt("--repeats", 5, "no-op repros"),
-        opt("--incremental-repeats", 2, "repros after a change of --param"),
-        opt("--param", "evaluate.batch_size", "the int param to change"),
-        opt("--stage", "evaluate", "the one stage that --param should rerun"),
-        ("--set", {**pipeline.SET_OPTION[1], "default": None, "help": f"default: {DEFAULT_SETS}"}),
-    ),
+OPTIONS = (
+    opt("--repo", str(PACKAGE_ROOT), "the repository to copy"),
+    opt("--repeats", 5, "no-op repros"),
+    opt("--incremental-repeats", 2, "repros after a change of --param"),
+    opt("--param", "evaluate.batch_size", "the int param to change"),
+    opt("--stage", "evaluate", "the one stage that --param should rerun"),
+    ("--set", {**pipeline.SET_OPTION[1], "default": None, "help": f"default: {DEFAULT_SETS}"}),
 )
+BENCH = harness.Benchmark("dvc", "dvc.json", METHOD, measure, OPTIONS, scratch_outside=True)  # outside any checkout

@@ -157,16 +157,11 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
     }  # fmt: skip
 
 
-BENCH = harness.Benchmark(
-    "loader",
-    "loader.json",
-    METHOD,
-    measure,
-    options=(
-        opt("--params", "params.yaml", "the params to train with"),
-        opt("--repeats", 5, "timed repeats of every arm"),
-        opt("--epochs", 4, "epochs per arm and repeat"),
-        opt("--workers", [0, 2], "num_workers of each arm"),
-        pipeline.SET_OPTION,
-    ),
+OPTIONS = (
+    opt("--params", "params.yaml", "the params to train with"),
+    opt("--repeats", 5, "timed repeats of every arm"),
+    opt("--epochs", 4, "epochs per arm and repeat"),
+    opt("--workers", [0, 2], "num_workers of each arm"),
+    pipeline.SET_OPTION,
 )
+BENCH = harness.Benchmark("loader", "loader.json", METHOD, measure, OPTIONS)

@@ -160,24 +160,19 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
     return r
 
 
-BENCH = harness.Benchmark(
-    "mfu",
-    "mfu.json",
-    METHOD,
-    measure,
-    options=(
-        opt("--device", "cpu", "where to run", choices=["cpu", "cuda"]),
-        opt("--precision", "fp32", "bf16: autocast", choices=["fp32", "bf16"]),
-        opt("--steps", 5, "timed steps per repeat"),
-        opt("--repeats", 5, "timed repeats"),
-        opt("--warmup-steps", 2, "untimed steps first"),
-        opt("--batch", 8, "sequences per step"),
-        opt("--seq", 128, "tokens per sequence"),
-        opt("--layers", 2, "transformer blocks"),
-        opt("--d-model", 128, "model width"),
-        opt("--heads", 0, "0: d_model / 64 (at least 1)"),
-        opt("--vocab", 512, "vocabulary size, tokens"),
-        opt("--seed", 0, "seed of the weights and the random tokens"),
-        opt("--peak-tflops", None, "the device's peak, TFLOP/s (default: table)", type=float),
-    ),
+OPTIONS = (
+    opt("--device", "cpu", "where to run", choices=["cpu", "cuda"]),
+    opt("--precision", "fp32", "bf16: autocast", choices=["fp32", "bf16"]),
+    opt("--steps", 5, "timed steps per repeat"),
+    opt("--repeats", 5, "timed repeats"),
+    opt("--warmup-steps", 2, "untimed steps first"),
+    opt("--batch", 8, "sequences per step"),
+    opt("--seq", 128, "tokens per sequence"),
+    opt("--layers", 2, "transformer blocks"),
+    opt("--d-model", 128, "model width"),
+    opt("--heads", 0, "0: d_model / 64 (at least 1)"),
+    opt("--vocab", 512, "vocabulary size, tokens"),
+    opt("--seed", 0, "seed of the weights and the random tokens"),
+    opt("--peak-tflops", None, "the device's peak, TFLOP/s (default: table)", type=float),
 )
+BENCH = harness.Benchmark("mfu", "mfu.json", METHOD, measure, OPTIONS)

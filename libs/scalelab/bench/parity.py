@@ -178,21 +178,16 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
     return result
 
 
-BENCH = harness.Benchmark(
-    "parity",
-    "parity.json",
-    METHOD,
-    measure,
-    options=(
-        opt("--params", "params.yaml", "its `speedup` section is the workload"),
-        opt("--repeats", 11, "timed repeats of every arm"),
-        opt("--steps", 3, "timed steps per arm and repeat"),
-        opt("--warmup-steps", 2, "untimed steps after the check"),
-        opt("--check-steps", 5, "steps before the bitwise weight check"),
-        opt("--strategies", ["single", "ddp", "fsdp"], "the strategies compared with hand-written loops"),
-        opt("--nproc", 2, "processes of a distributed strategy"),
-        opt("--batch-size", 0, "per rank; 0: speedup.batch_sizes[0]"),
-        opt("--num-features", 0, "0: speedup.num_features"),
-        opt("--hidden", None, "hidden widths; default: speedup.model.hidden", type=int, nargs="+"),
-    ),
+OPTIONS = (
+    opt("--params", "params.yaml", "its `speedup` section is the workload"),
+    opt("--repeats", 11, "timed repeats of every arm"),
+    opt("--steps", 3, "timed steps per arm and repeat"),
+    opt("--warmup-steps", 2, "untimed steps after the check"),
+    opt("--check-steps", 5, "steps before the bitwise weight check"),
+    opt("--strategies", ["single", "ddp", "fsdp"], "the strategies compared with hand-written loops"),
+    opt("--nproc", 2, "processes of a distributed strategy"),
+    opt("--batch-size", 0, "per rank; 0: speedup.batch_sizes[0]"),
+    opt("--num-features", 0, "0: speedup.num_features"),
+    opt("--hidden", None, "hidden widths; default: speedup.model.hidden", type=int, nargs="+"),
 )
+BENCH = harness.Benchmark("parity", "parity.json", METHOD, measure, OPTIONS)

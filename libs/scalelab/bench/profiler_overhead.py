@@ -95,15 +95,9 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
     return result
 
 
-BENCH = harness.Benchmark(
-    "profiler",
-    "profiler_overhead.json",
-    METHOD,
-    measure,
-    key="profiler_overhead",
-    options=(
-        opt("--params", "params.yaml", "the params to train with"),
-        opt("--repeats", 3, "training runs per arm, profiler on and off"),
-        pipeline.SET_OPTION,
-    ),
+OPTIONS = (
+    opt("--params", "params.yaml", "the params to train with"),
+    opt("--repeats", 3, "training runs per arm, profiler on and off"),
+    pipeline.SET_OPTION,
 )
+BENCH = harness.Benchmark("profiler", "profiler_overhead.json", METHOD, measure, OPTIONS, key="profiler_overhead")

@@ -290,13 +290,8 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
     return result | ({"not_measured": not_measured} if not_measured else {})
 
 
-BENCH = harness.Benchmark(
-    "scaling",
-    "scaling.json",
-    METHOD,
-    measure,
-    options=(
-        opt("--cells", [1, 2, 4, 8], "study sizes (cells)"),
-        opt("--run-steps", [10, 100, 1000], "reproduce: training steps (x10)"),
-    ),
+OPTIONS = (
+    opt("--cells", [1, 2, 4, 8], "study sizes (cells)"),
+    opt("--run-steps", [10, 100, 1000], "reproduce: training steps (x10)"),
 )
+BENCH = harness.Benchmark("scaling", "scaling.json", METHOD, measure, OPTIONS)

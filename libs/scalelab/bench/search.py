@@ -121,17 +121,11 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
     }  # fmt: skip
 
 
-BENCH = harness.Benchmark(
-    "search",
-    "search.json",
-    METHOD,
-    measure,
-    scratch_outside=True,
-    options=(
-        opt("--repo", str(PACKAGE_ROOT), "the repository whose params.yaml is shrunk"),
-        opt("--trials", len(GRID_LRS) * 2, "the budget of every arm"),
-        opt("--parallel", 2, "local workers of every arm"),
-        opt("--epochs", 4, "train.epochs of every trial"),
-        opt("--repeats", 1, "seeds per arm"),
-    ),
+OPTIONS = (
+    opt("--repo", str(PACKAGE_ROOT), "the repository whose params.yaml is shrunk"),
+    opt("--trials", len(GRID_LRS) * 2, "the budget of every arm"),
+    opt("--parallel", 2, "local workers of every arm"),
+    opt("--epochs", 4, "train.epochs of every trial"),
+    opt("--repeats", 1, "seeds per arm"),
 )
+BENCH = harness.Benchmark("search", "search.json", METHOD, measure, OPTIONS, scratch_outside=True)

@@ -248,15 +248,9 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
     }  # fmt: skip
 
 
-BENCH = harness.Benchmark(
-    "store",
-    "store.json",
-    METHOD,
-    measure,
-    scratch_outside=True,
-    options=(
-        opt("--sizes-mb", [10, 100, 1000], "output sizes"),
-        opt("--checkpoint-mb", 100, "the sharded checkpoint's size"),
-        opt("--repeats", 3, "interleaved rounds"),
-    ),
+OPTIONS = (
+    opt("--sizes-mb", [10, 100, 1000], "output sizes"),
+    opt("--checkpoint-mb", 100, "the sharded checkpoint's size"),
+    opt("--repeats", 3, "interleaved rounds"),
 )
+BENCH = harness.Benchmark("store", "store.json", METHOD, measure, OPTIONS, scratch_outside=True)
