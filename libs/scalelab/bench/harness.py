@@ -13,6 +13,7 @@ import os
 import resource
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,7 @@ from scalelab.runtime import dist, disturbance
 from scalelab.runtime.io import atomic_write_json
 from scalelab.study import busy
 
-__all__ = ["Benchmark", "Context", "Goal", "opt", "run", "rank_loop", "take_repeats"]
+__all__ = ["Benchmark", "Context", "Goal", "opt", "run", "rank_loop", "take_repeats", "timed"]
 
 
 def opt(flag: str, default: Any, help: str, **kw: Any) -> tuple[str, dict[str, Any]]:
@@ -108,6 +109,13 @@ class Context:
 def ranks_of(strategy: str, nproc: int) -> int | None:
     """Ranks under torchrun for a distributed strategy; None: one plain process."""
     return nproc if strategies.get(strategy).distributed else None
+
+
+def timed(work: Callable[..., object], *args: Any, **kwargs: Any) -> float:
+    """Wall seconds of `work(*args, **kwargs)`."""
+    start = time.perf_counter()
+    work(*args, **kwargs)
+    return time.perf_counter() - start
 
 
 def run(bench: Benchmark, args: argparse.Namespace, out: Path) -> dict[str, Any]:
