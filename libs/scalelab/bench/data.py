@@ -33,18 +33,15 @@ GPT = {"vocab_size": 256, "seq_len": 64, "d_model": 64, "layers": 2, "heads": 2}
 FILE_BYTES, TOUCH_SAMPLES = 1 << 20, 128  # a training fetch's size: the allocator reuses its blocks
 PREPARE_CHILD = """\
 import json, sys, time
-from pathlib import Path
 import numpy, pandas  # imported before the timed part, as prepare's own imports would be
 from scalelab.config import DataConfig, build
 from scalelab.data.prepare import prepare
-status = lambda: {l.split(':')[0]: int(l.split()[1]) for l in Path('/proc/self/status').read_text().splitlines()
-                  if l.startswith(('VmRSS', 'VmHWM'))}
+from scalelab.runtime.memory import status_kib
 cfg = build(DataConfig, json.loads(sys.argv[1]))
-base = status()['VmRSS']
-start = time.perf_counter()
+base, start = status_kib("VmRSS"), time.perf_counter()
 prepare(cfg, sys.argv[2], **({"seq_len": int(sys.argv[3])} if len(sys.argv) > 3 else {}))
 took = time.perf_counter() - start
-print(json.dumps({"prepare_s": took, "base_kb": base, "peak_kb": status()['VmHWM']}))
+print(json.dumps({"prepare_s": took, "base_kb": base, "peak_kb": status_kib("VmHWM")}))
 """
 
 

@@ -16,9 +16,9 @@ METHOD = """\
 One process times the training step of experiments/gpt.py (Loop.step, strategy single: forward,
 next-token cross-entropy, backward, AdamW) on two synthetic token batches on the device. Warm-up
 steps untimed; each repeat times `--steps` steps (CUDA synchronized around them); busy repeats
-retried or dropped; the figure is the median step. FLOPs per step, analytic: (6*N +
-12*n_layer*d_model*seq) * batch*seq (Kaplan et al. 2020; PaLM's 6N + 12LHQT), N the parameters in
-matrix products (not the embeddings; the untied head counted). Cross-check: one step under
+retried or dropped; the figure is the median step. FLOPs per step, analytic:
+(6*N + 12*n_layer*d_model*seq) * batch*seq (Kaplan et al. 2020; PaLM's 6N + 12LHQT), N the
+parameters in matrix products (not the embeddings; the untied head counted). Cross-check: one step under
 FlopCounterMode (a few percent high). MFU = achieved / peak: --peak-tflops, else on CUDA in bf16
 the device's dense peak by name (PEAK_TFLOPS_BF16), else null ("not measured"). Goal: MFU >= 30%
 (the low end of the 33-39% torchtitan reports for Llama 3.1 8B on H100).

@@ -24,42 +24,27 @@ from scalelab.runtime.paths import PACKAGE_ROOT, repo_root
 from scalelab.runtime.timings import ENV as TIMINGS_ENV
 
 METHOD = """\
-`scalelab train` runs `--repeats` times as a fresh process from the repository root, on the given
+`scalelab train` runs `--repeats` times as a fresh process from the repository root on the given
 params (data prepared once, untimed), each into a fresh folder, with SCALELAB_TIMINGS set: the
-launcher and every rank append a timestamp at each phase boundary (scalelab.runtime.timings.mark).
-The MLflow store is a SQLite file whose schema is made before the first run. Phases (rank 0,
-median over repeats, s): before the first step `python_and_cli`, `launcher_imports`,
-`plan_and_torchrun_start`, `worker_imports`, `rendezvous`, `run_creation`, `monitor_start`,
-`data_load`, `model_build`, `first_step`; after the last `outputs`, `monitor_stop`, `final_flush`,
-`worker_exit_and_teardown`, `launcher_exit`. Fixed cost is wall time less the steps; an older
-startup.json's figures from another commit move to `previous`. `vs_handwritten`: each repeat pairs
-it with benchmarks/handwritten_ddp.py, the order alternating: ratios of wall time and of time to
-rank 0's first step, median over pairs with a paired bootstrap 95% interval. Busy pairs are retried
-or dropped (study.busy).
+launcher and every rank append a timestamp at each phase boundary (runtime.timings.mark); the
+SQLite MLflow store's schema is made before the first run. Phases (rank 0, median over repeats,
+s): from one mark to the next (BEFORE and AFTER in bench/startup.py). Fixed cost: wall time less
+the steps; an older startup.json's figures from another commit move to `previous`.
+`vs_handwritten`: each repeat pairs it with benchmarks/handwritten_ddp.py, the order alternating:
+ratios of wall time and of time to rank 0's first step, median over pairs with a paired bootstrap
+95% interval. Busy pairs are retried or dropped (study.busy).
 """
 OUT_FILE = "startup.json"
 GOAL = Goal("<", 0.40, "< 40% of previous")  # fixed costs against the previous figures (issue 11)
-BEFORE = [  # (phase, from mark, to mark); "start" is the process start, seen by this benchmark
-    ("python_and_cli", "start", "launcher_cli"),
-    ("launcher_imports", "launcher_cli", "launcher_imported"),
-    ("plan_and_torchrun_start", "launcher_imported", "worker_cli"),
-    ("worker_imports", "worker_cli", "worker_imported"),
-    ("rendezvous", "worker_imported", "process_group"),
-    ("run_creation", "process_group", "run_created"),
-    ("monitor_start", "run_created", "monitor_started"),
-    ("data_load", "monitor_started", "data_loaded"),
-    ("model_build", "data_loaded", "model_built"),
-    ("first_step", "model_built", "first_step"),
-]
-AFTER = [
-    ("outputs", "last_step", "outputs_written"),
-    ("monitor_stop", "outputs_written", "final_flush"),
-    ("final_flush", "final_flush", "finished"),
-    ("worker_exit_and_teardown", "finished", "launcher_done"),
-    ("launcher_exit", "launcher_done", "end"),
-]
-
-
+# each phase runs from its mark to the next (rank 0's marks; "start": the process start, seen here)
+MARKS_BEFORE = ["start", "launcher_cli", "launcher_imported", "worker_cli", "worker_imported", "process_group"]
+MARKS_BEFORE += ["run_created", "monitor_started", "data_loaded", "model_built", "first_step"]
+PHASES = ["python_and_cli", "launcher_imports", "plan_and_torchrun_start", "worker_imports", "rendezvous"]
+PHASES += ["run_creation", "monitor_start", "data_load", "model_build", "first_step"]
+BEFORE = list(zip(PHASES, MARKS_BEFORE, MARKS_BEFORE[1:]))  # (phase, from mark, to mark)
+MARKS_AFTER = ["last_step", "outputs_written", "final_flush", "finished", "launcher_done", "end"]
+PHASES = ["outputs", "monitor_stop", "final_flush", "worker_exit_and_teardown", "launcher_exit"]
+AFTER = list(zip(PHASES, MARKS_AFTER, MARKS_AFTER[1:]))
 SCRIPT = PACKAGE_ROOT / "benchmarks" / "handwritten_ddp.py"
 GOALS = {"wall": Goal("<=", 1.10, "<= 1.10"), "first_step": Goal("<=", 1.5, "<= 1.50")}  # scalelab / by hand
 

@@ -222,10 +222,6 @@ def stop_flag_cost(ctx: harness.Context, hidden: list[int]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _median_ratio(stat: dict[str, list[float]], arm: str) -> float:
-    return stats.median_ratio(stat[arm], stat["off"])
-
-
 def measure(ctx: harness.Context) -> dict[str, Any]:
     from scalelab.tracking import runs
 
@@ -254,7 +250,7 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
         }  # fmt: skip
     ab = {"log_every_1": stats.ratio_figures(med["batched"], med["off"])}
     ab["log_every_default"] = stats.ratio_figures(med["batched_default"], med["off_default"])
-    overhead, fraction = _median_ratio(med, "batched"), in_thread["batched"]["fraction_of_off_step"]
+    overhead, fraction = stats.median_ratio(med["batched"], med["off"]), in_thread["batched"]["fraction_of_off_step"]
     result = {
         "workload": {"name": "mlp", "features": args.features, "hidden": args.hidden, "batch_size": raw["batch_size"],
                      "strategy": "single", "device": "cpu", "threads": args.threads,
@@ -271,7 +267,8 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
         "ab": ab, "meets_default_ab_target": AB_DEFAULT.met(ab["log_every_default"]["ci95"]),
         "overhead_ratio": overhead, "overhead_pct": 100.0 * (overhead - 1.0),
         "repeat_overhead_ratios": [a / o for a, o in zip(med["batched"], med["off"])],
-        "amortized_overhead_ratio": _median_ratio(mean, "batched"), "sync_overhead_ratio": _median_ratio(med, "sync"),
+        "amortized_overhead_ratio": stats.median_ratio(mean["batched"], mean["off"]),
+        "sync_overhead_ratio": stats.median_ratio(med["sync"], med["off"]),
         "sync_log_metric_ms_median": 1000.0 * statistics.median(raw["log_metric_s"]),
         "batched_drain_ms_median": 1000.0 * statistics.median(raw["drain_s"]),
         "repeat_batched_drain_ms": [1000.0 * s for s in raw["drain_s"]],
