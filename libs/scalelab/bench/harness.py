@@ -207,7 +207,8 @@ def rank_loop(spec: dict[str, Any], **loop_kw: Any) -> Any:
 
     env = dist.read_env()
     where, threads, timeout_s = spec.get("device", "cpu"), spec.get("threads", 1), spec.get("timeout_s", 120.0)
-    device = setup_process(env, device=where, threads=threads, timeout_s=timeout_s)
+    deterministic = spec.get("deterministic", False)
+    device = setup_process(env, device=where, threads=threads, deterministic=deterministic, timeout_s=timeout_s)
     seeds.seed_all(spec.get("seed", 0))
     shape, classes = spec["input_shape"], spec["num_classes"]
     wl = workloads.load(spec["workload"], spec["model"], input_shape=shape, num_classes=classes, key="bench")

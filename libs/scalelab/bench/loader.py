@@ -64,39 +64,35 @@ def time_arms(
     return {arm: [r[arm] for r in reps.kept] for arm in arms}, reps
 
 
-def _rank_times(spec: dict[str, Any], train: Any, env: Any, device: Any) -> tuple[dict[str, Any], Any, Any]:
-    """This rank's repeats; the model and its DDP reducer go on return, before the process group."""
+def _rank_times(spec: dict[str, Any], train: Any) -> tuple[dict[str, Any], Any, Any, Any]:
+    """This rank's repeats on the job's own Loop (harness.rank_loop); the model and its DDP
+    reducer go on return, before the process group."""
     from scalelab.data.store import open_split, verify
-    from scalelab.runtime import seeds
     from scalelab.training import workloads
     from scalelab.training.loader import RunLoader
-    from scalelab.training.loop import Optim, build_loop
     from scalelab.training.plan import RunPlan
 
     manifest = verify(spec["data"])
+    optim = {"name": train.optimizer, "lr": train.lr, "momentum": train.momentum, "weight_decay": train.weight_decay}
+    job = {
+        "workload": train.workload, "model": train.model, "input_shape": manifest["input_shape"],
+        "num_classes": manifest["num_classes"], "strategy": train.strategy, "precision": train.precision,
+        "optim": optim, "seed": train.seed, "device": train.device, "threads": train.threads_per_process, "batch": 1,
+        "deterministic": train.deterministic, "timeout_s": min(train.collective_timeout_s, 120.0),  # a lost peer fails
+    }  # fmt: skip
+    rank = harness.rank_loop(job)
     split = open_split(spec["data"], "train", manifest, seq_len=workloads.seq_len(train.workload, train.model))
     plan = RunPlan.of(train, len(split))
-    seeds.seed_all(train.seed)
-    shape, classes = manifest["input_shape"], manifest["num_classes"]
-    wl = workloads.load(train.workload, train.model, input_shape=shape, num_classes=classes)
-    optim = Optim(name=train.optimizer, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)
-    loop = build_loop(wl, device, strategy_name=train.strategy, precision=train.precision, optim=optim)
-    loaders = {str(w): RunLoader(split, plan, env, seed=train.seed, num_workers=int(w)) for w in spec["workers"]}
+    loaders = {str(w): RunLoader(split, plan, rank.env, seed=train.seed, num_workers=int(w)) for w in spec["workers"]}
     steps, accum = plan.steps_per_epoch, plan.grad_accum_steps
-    times, reps = time_arms(loop, loaders, steps, spec["epochs"], spec["busy"], accum, warmup=steps)
-    return times, reps, plan
+    times, reps = time_arms(rank.loop, loaders, steps, spec["epochs"], spec["busy"], accum, warmup=steps)
+    return times, reps, plan, rank.env
 
 
 def measure_rank(spec: dict[str, Any]) -> dict[str, Any]:
     from scalelab.config import parse_params
-    from scalelab.runtime.device import setup_process
 
-    train = parse_params(spec["params"], "params").train
-    env = dist.read_env()
-    timeout_s = min(train.collective_timeout_s, 120.0)  # a lost peer fails the benchmark, not hangs it
-    kw = {"threads": train.threads_per_process, "deterministic": train.deterministic, "timeout_s": timeout_s}
-    device = setup_process(env, device=train.device, **kw)
-    times, reps, plan = _rank_times(spec, train, env, device)
+    times, reps, plan, env = _rank_times(spec, parse_params(spec["params"], "params").train)
     ranks = dist.all_gather_object(times)
     dist.shutdown()
     job = {"steps_per_epoch": plan.steps_per_epoch, "per_rank_batch": plan.per_rank_batch}
