@@ -193,11 +193,8 @@ def from_files(out: Path) -> dict[str, Any]:
         curves["prepare_peak_memory_vs_csv_rows"] = {**peak, "peak_rss_mb": rows["prepare_peak_mb"]}
     from scalelab.bench.checkpoint import ARMS
 
-    full = sorted(
-        (r["parameters"], r)
-        for r in read("checkpoint.json").get("rows", [])
-        if r["strategy"] == ARMS[0] and r["world_size"] == 1
-    )  # noqa: E501
+    rows = read("checkpoint.json").get("rows", [])  # ddp's full state at one rank
+    full = sorted((r["parameters"], r) for r in rows if r["strategy"] == ARMS[0] and r["world_size"] == 1)
     if len(full) > 1:
         curves["checkpoint_save_vs_parameters"] = fit([p for p, _ in full], [r["save_s"] for _, r in full])
         curves["checkpoint_load_vs_parameters"] = fit([p for p, _ in full], [r["load_s"] for _, r in full])
@@ -230,9 +227,8 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
             not_measured[name] = f"not measured: run `scalelab bench {source}` into this folder first"
             ctx.figure(f"scaling_{name}", not_measured[name], None, GOAL)
             continue
-        text = (
-            f"log-log slope {curve['slope']:.2f} ({curve['growth']}) over {curve['sizes'][0]:g}..{curve['sizes'][-1]:g}"  # noqa: E501
-        )
+        sizes = curve["sizes"]
+        text = f"log-log slope {curve['slope']:.2f} ({curve['growth']}) over {sizes[0]:g}..{sizes[-1]:g}"
         ctx.figure(f"scaling_{name}", text + (f"; {curve['note']}" if "note" in curve else ""), curve["slope"], GOAL)
     result = {"linear_band": list(LINEAR_BAND), "curves": curves, "plot": PLOT_FILE}
     result["units"] = {k: {"size": v[0], "cost": v[1]} for k, v in UNITS.items()}

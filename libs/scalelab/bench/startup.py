@@ -183,6 +183,8 @@ OPTIONS = (
     opt("--strategy", "", "override train.strategy (empty: keep)"),
     opt("--no-tracking", False, "tracking.enabled: false (tests)"),
 )
+
+
 def training_split(params: dict[str, Any], path: Path) -> Path:
     """The script's data: digits split as `prepare` splits them, one tensor file."""
     import torch

@@ -59,6 +59,7 @@ class SyncTracker(tracking.Tracker):
 
 
 class Bench:
+    """The mlp loop and its batches; `run` times steps with a tracker."""
 
     def __init__(self, rank: Any, batch_size: int) -> None:
         self.rank, self.batch_size, self.tracker_ns = rank, batch_size, []
