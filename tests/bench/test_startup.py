@@ -81,29 +81,25 @@ def default_params() -> dict:
 
 
 def test_the_handwritten_script_is_the_default_job_and_refuses_others(tmp_path):
-    from scalelab.bench import handwritten
-
     params = default_params()
-    cmd, reason = handwritten.command(params, tmp_path / "train.pt")
-    assert reason == "" and str(handwritten.SCRIPT) in cmd and f"--data={tmp_path / 'train.pt'}" in cmd
+    cmd, reason = startup.command(params, tmp_path / "train.pt")
+    assert reason == "" and str(startup.SCRIPT) in cmd and f"--data={tmp_path / 'train.pt'}" in cmd
     assert f"--epochs={params['train']['epochs']}" in cmd and f"--lr={params['train']['lr']}" in cmd
     params["train"]["strategy"] = "fsdp"
-    cmd, reason = handwritten.command(params, tmp_path / "train.pt")
+    cmd, reason = startup.command(params, tmp_path / "train.pt")
     assert cmd is None and "'strategy': 'fsdp'" in reason
 
 
 def test_the_comparison_pairs_runs_and_refuses_different_jobs():
-    from scalelab.bench import handwritten
-
     ours = [{"wall": 11.0, "first_step": 3.0, "steps": 5}, {"wall": 13.0, "first_step": 2.0, "steps": 5}]
     theirs = [{"wall": 10.0, "first_step": 2.0, "steps": 5}, {"wall": 10.0, "first_step": 2.0, "steps": 5}]
-    result = handwritten.compare(ours, theirs)
+    result = startup.compare(ours, theirs)
     assert result["wall"]["repeat_ratios"] == [1.1, 1.3] and result["wall"]["median_ratio"] == pytest.approx(1.2)
     assert result["wall"]["met"] is False and result["first_step"]["median_ratio"] == pytest.approx(1.25)
     assert result["goals"] == {"wall": 1.10, "first_step": 1.5}
     assert result["first_step"]["met"] is True and result["steps"] == 5
     with pytest.raises(RuntimeError, match=r"ran \[5, 6\] steps"):
-        handwritten.compare(ours, [{**theirs[0], "steps": 6}, theirs[1]])
+        startup.compare(ours, [{**theirs[0], "steps": 6}, theirs[1]])
 
 
 @pytest.mark.slow

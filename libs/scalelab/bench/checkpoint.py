@@ -1,12 +1,5 @@
-"""Checkpoint save and load per rank against model size: ddp's full state (one file from rank 0)
-against fsdp's shards (torch.distributed.checkpoint, every rank its own), at 1 and 2 ranks, and
-fsdp's asynchronous save (train.async_checkpoint) against its synchronous one.
-
-Each rank reports its save and load seconds and its peak resident memory above the baseline
-while saving (VmHWM, reset before each save). One by hand, with a spec.json that `run` wrote:
-
-    torchrun --standalone --nproc-per-node 2 -m scalelab.cli bench-worker checkpoint --spec SPEC.json --out OUT.json
-"""
+"""Checkpoint save and load per rank against model size: ddp's full state against fsdp's shards at
+1 and 2 ranks, and fsdp's asynchronous save; seconds and peak memory per rank (`bench-worker checkpoint`)."""
 
 from __future__ import annotations
 
@@ -31,13 +24,13 @@ from scalelab.training.loop import Loop, Optim, build_loop
 METHOD = """\
 The gpt workload (4 blocks, 4 heads, vocabulary 256, d_model sized to the parameter count), AdamW
 after one step (state 3x the weights), gloo on the CPU, 1 thread a rank. `ddp`: the job's path
-(the state gathered on rank 0, torch.save, an atomic write; every rank loads the file); `fsdp`:
-every rank writes its shards with torch.distributed.checkpoint, rank 0 commits; every rank loads
-and reshards; `fsdp-async`: `save_s` is how long the step is blocked, `commit_s` until committed.
-Per size: `repeats` saves, each followed by a load (busy repeats retried or dropped); a figure is
-the median over repeats of the slowest rank. Peak memory: the largest rank's VmHWM growth during
-a save and its commit, a load, and the build (fsdp builds on the meta device). Files go to a local
-disk, in the page cache.
+(state gathered on rank 0, torch.save, an atomic write; every rank loads the file); `fsdp`: every
+rank writes its shards with torch.distributed.checkpoint, rank 0 commits; every rank loads and
+reshards; `fsdp-async`: `save_s` is how long the step is blocked, `commit_s` until committed. Per
+size: `repeats` saves, each followed by a load (busy repeats retried or dropped); a figure is the
+median over repeats of the slowest rank. Peak memory: the largest rank's VmHWM growth (reset before
+each) during a save and its commit, a load, and the build (fsdp builds on the meta device). Files
+go to a local disk, in the page cache.
 """
 GPT = {"layers": 4, "heads": 4, "seq_len": 64, "vocab_size": 256}
 ARMS = ["ddp", "fsdp", "fsdp-async"]
@@ -71,8 +64,7 @@ def _repeat(loop: Loop, ckpt: Checkpointer, env: dist.DistEnv, rep: int) -> dict
 
 
 def measure_rank(spec: dict[str, Any]) -> dict[str, Any]:
-    """One rank: for each strategy and size, `repeats` timed saves and loads; returns every
-    rank's figures (rank 0 writes them)."""
+    """One rank: per strategy and size, `repeats` timed saves and loads; every rank's figures."""
     env = dist.read_env()
     device = setup_process(env, device="cpu", threads=1, timeout_s=600.0)
     work = Path(spec["work"])
@@ -84,9 +76,8 @@ def measure_rank(spec: dict[str, Any]) -> dict[str, Any]:
             ckpt = Checkpointer(work / f"{arm}-{params}-w{env.world_size}", "bench", keep=1, asynchronous=asynchronous)
 
             reps = harness.take_repeats(functools.partial(_repeat, loop, ckpt, env), spec["busy"])
-            got = {
-                k: [r[k] for r in reps.kept] for k in ("save_s", "commit_s", "load_s", "peak_bytes", "load_peak_bytes")
-            }
+            keys = ("save_s", "commit_s", "load_s", "peak_bytes", "load_peak_bytes")
+            got = {k: [r[k] for r in reps.kept] for k in keys}
             got.update(parameters=count, build_peak_bytes=build_peak, dropped=reps.dropped)
             figures.setdefault(arm, {})[str(params)] = got
             dist.barrier()
@@ -96,17 +87,15 @@ def measure_rank(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _loop(strategy: str, params: int, device: torch.device, env: dist.DistEnv) -> tuple[Loop, int, int]:
-    """The model built as `scalelab train` builds it (fsdp: on the meta device, then each rank's
-    shards from rank 0's initial state), after one step; its parameter count and the bytes this
-    rank's resident memory peaked at above its start while building."""
+    """The loop as `scalelab train` builds it (fsdp: on the meta device), after one step; its
+    parameter count and this rank's peak memory growth while building."""
     cfg = gpt_config(params)
     train = build(Params, {"train": {"workload": "gpt", "model": cfg, "strategy": strategy, "seed": 0}})
     manifest = {"input_shape": [cfg["seq_len"]], "num_classes": cfg["vocab_size"]}
     base = memory.reset_peak(trim=True)
     wl, init_state = job.build_workload(train, manifest, env, resuming_shards=False)
-    loop = build_loop(
-        wl, device, strategy_name=strategy, precision="fp32", optim=Optim(name="adamw"), init_state=init_state
-    )
+    optim = Optim(name="adamw")
+    loop = build_loop(wl, device, strategy_name=strategy, precision="fp32", optim=optim, init_state=init_state)
     build_peak = memory.peak_since(base)
     del init_state
     loop.step([wl.synthetic_batch(4)])  # AdamW's moment buffers exist from here
@@ -119,24 +108,13 @@ def _rows(ranks: list[dict], world: int, sizes: list[int]) -> list[dict[str, Any
     for arm in ranks[0]:
         for params in sizes:
             per_rank = [r[arm][str(params)] for r in ranks]
-            slowest = {
-                k: [max(rep) for rep in zip(*(r[k] for r in per_rank))] for k in ("save_s", "commit_s", "load_s")
-            }
+            slowest = {k: [max(x) for x in zip(*(r[k] for r in per_rank))] for k in ("save_s", "commit_s", "load_s")}
             count = per_rank[0]["parameters"]
-            rows.append(
-                {
-                    "strategy": arm,
-                    "world_size": world,
-                    "parameters": count,
-                    "state_bytes": 3 * 4 * count,  # fp32 weights and AdamW's two moments
-                    "save_s": statistics.median(slowest["save_s"]),
-                    "commit_s": statistics.median(slowest["commit_s"]),
-                    "load_s": statistics.median(slowest["load_s"]),
-                    "peak_save_bytes_per_rank": max(max(r["peak_bytes"]) for r in per_rank),
-                    "peak_load_bytes_by_rank": [max(r["load_peak_bytes"]) for r in per_rank],
-                    "peak_build_bytes_by_rank": [r["build_peak_bytes"] for r in per_rank],
-                }
-            )
+            row = {"strategy": arm, "world_size": world, "parameters": count, "state_bytes": 12 * count}  # fp32 + AdamW
+            row |= {k: statistics.median(v) for k, v in slowest.items()}
+            row["peak_save_bytes_per_rank"] = max(max(r["peak_bytes"]) for r in per_rank)
+            row["peak_load_bytes_by_rank"] = [max(r["load_peak_bytes"]) for r in per_rank]
+            rows.append(row | {"peak_build_bytes_by_rank": [r["build_peak_bytes"] for r in per_rank]})
     return rows
 
 
@@ -148,17 +126,11 @@ def _goal(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if not {1, 2} <= set(fsdp):
         return {"met": None, "note": "not measured: needs world sizes 1 and 2"}
     ratio = fsdp[2] / fsdp[1]
-    return {
-        "parameters": largest,
-        "fsdp_save_2_over_1": ratio,
-        "target": GOAL.target,
-        "met": GOAL.met(ratio),
-        "async_blocked_fraction": max(blocked) if blocked else None,
-    }
+    goal = {"parameters": largest, "fsdp_save_2_over_1": ratio, "target": GOAL.target, "met": GOAL.met(ratio)}
+    return goal | {"async_blocked_fraction": max(blocked) if blocked else None}
 
 
 def measure(ctx: harness.Context) -> dict[str, Any]:
-    """One row per strategy, world size and size; the fsdp save's 2-over-1 ratio against its goal."""
     args, rows, dropped = ctx.args, [], []
     for world in args.ckpt_ranks:
         spec = {"params": args.ckpt_params, "busy": ctx.policy(), "arms": ARMS, "work": str(ctx.work)}
@@ -181,14 +153,9 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
     return {"repeats": args.repeats, "rows": rows, "goal": goal, "dropped": dropped}
 
 
-BENCH = harness.Benchmark(
-    "checkpoint",
-    "checkpoint.json",
-    METHOD,
-    measure,
-    options=(
-        opt("--ckpt-params", [10**5, 10**6, 10**7], "parameter counts (about)"),
-        opt("--ckpt-ranks", [1, 2], "world sizes"),
-        opt("--repeats", 3, "timed saves and loads per size"),
-    ),
+OPTIONS = (
+    opt("--ckpt-params", [10**5, 10**6, 10**7], "parameter counts (about)"),
+    opt("--ckpt-ranks", [1, 2], "world sizes"),
+    opt("--repeats", 3, "timed saves and loads per size"),
 )
+BENCH = harness.Benchmark("checkpoint", "checkpoint.json", METHOD, measure, OPTIONS)

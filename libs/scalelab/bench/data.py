@@ -1,11 +1,5 @@
-"""Data at scale: prepare, start-up check, per-rank memory and loader wait against the data's size.
-
-    scalelab bench data --out results/bench                 # -> results/bench/data.json
-    scalelab bench data --sizes-mb 10 100 1000 --repeats 3
-
-The ranks run through the harness; one by hand, with a spec.json that it wrote: `torchrun
---standalone --nproc-per-node 2 -m scalelab.cli bench-worker data --spec SPEC.json --out OUT.json`.
-"""
+"""Data at scale: prepare, start-up check, per-rank memory and loader wait against the data's size
+(ranks: `bench-worker data`)."""
 
 from __future__ import annotations
 
@@ -18,21 +12,20 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.bench import harness, loader
-from scalelab.bench.harness import Goal, opt
+from scalelab.bench.harness import Goal, opt, timed
 from scalelab.runtime import dist, memory
 
 METHOD = """\
-For each size (`--sizes-mb` of text = byte tokens, 1 MB files cut from the standard library's .py
+Per size (`--sizes-mb` of text = byte tokens, 1 MB files cut from the standard library's .py
 files): `prepare` (data.source text) in a fresh process, timed after its imports, its peak memory
-the VmHWM above its start; then `verify` (the start-up check) and `verify(full=True)`, timed once,
-files in the page cache; then a DDP job of `--nproc` gloo ranks: each maps the split and fetches
-every sample of its share once, then trains the GPT workload (`--model`) with training's RunLoader
-for `--steps` steps per arm and repeat, num_workers arms interleaved (busy repeats retried or
-dropped). Per-rank RssAnon after the full pass and after the steps; loader wait = wait / (wait +
-compute) over a repeat, median over repeats, on the rank that waited most. Slopes: least squares
-of log(figure) on log(size). A 10 GB sparse token file (no disk used) is checked the way start-up
-checks it. `csv_rows`: `prepare` of CSVs of R rows x 32 features + label (data.source file), each in
-a fresh process the same way (scaling fits them).
+the VmHWM above its start; `verify` and `verify(full=True)` timed once, files in the page cache;
+then a DDP job of `--nproc` gloo ranks: each maps the split and fetches every sample of its share
+once, then trains the GPT workload with training's RunLoader for `--steps` steps per arm and
+repeat, num_workers arms interleaved (busy repeats retried or dropped). Per-rank RssAnon after the
+full pass and after the steps; loader wait = wait / (wait + compute) over a repeat, median over
+repeats, on the rank that waited most. Slopes: least squares of log(figure) on log(size). A 10 GB
+sparse token file (no disk used) is checked as start-up checks it. `csv_rows`: `prepare` of CSVs
+of R rows x 32 features + label (data.source file), each in a fresh process the same way.
 """
 RSS, PREPARE, PEAK = Goal("<", 0.1), Goal("<=", 1.1), Goal("<", 0.1, "< 0.1 (bounded)")
 WAIT, VERIFY = Goal("<=", 0.05, "<= 5%"), Goal("<", 2.0, "< 2 s")
@@ -40,18 +33,15 @@ GPT = {"vocab_size": 256, "seq_len": 64, "d_model": 64, "layers": 2, "heads": 2}
 FILE_BYTES, TOUCH_SAMPLES = 1 << 20, 128  # a training fetch's size: the allocator reuses its blocks
 PREPARE_CHILD = """\
 import json, sys, time
-from pathlib import Path
 import numpy, pandas  # imported before the timed part, as prepare's own imports would be
 from scalelab.config import DataConfig, build
 from scalelab.data.prepare import prepare
-status = lambda: {l.split(':')[0]: int(l.split()[1]) for l in Path('/proc/self/status').read_text().splitlines()
-                  if l.startswith(('VmRSS', 'VmHWM'))}
+from scalelab.runtime.memory import status_kib
 cfg = build(DataConfig, json.loads(sys.argv[1]))
-base = status()['VmRSS']
-start = time.perf_counter()
+base, start = status_kib("VmRSS"), time.perf_counter()
 prepare(cfg, sys.argv[2], **({"seq_len": int(sys.argv[3])} if len(sys.argv) > 3 else {}))
 took = time.perf_counter() - start
-print(json.dumps({"prepare_s": took, "base_kb": base, "peak_kb": status()['VmHWM']}))
+print(json.dumps({"prepare_s": took, "base_kb": base, "peak_kb": status_kib("VmHWM")}))
 """
 
 
@@ -78,32 +68,17 @@ def prepare_child(cfg: dict[str, Any], out: Path, *seq_len: int) -> dict[str, fl
     if proc.returncode != 0:
         raise RuntimeError(f"prepare of {cfg} failed: {proc.stderr.strip()[-1500:]}")
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    above = max(got["peak_kb"] - got["base_kb"], 1) / 1024
-    return {
-        "prepare_s": got["prepare_s"],
-        "prepare_peak_mb": got["peak_kb"] / 1024,
-        "prepare_peak_above_start_mb": above,
-    }
-
-
-def timed(fn: Any, *args: Any, **kwargs: Any) -> float:
-    start = time.perf_counter()
-    fn(*args, **kwargs)
-    return time.perf_counter() - start
-
-
-# ---- one rank (runs in the worker processes) ----
+    peak, above = got["peak_kb"] / 1024, max(got["peak_kb"] - got["base_kb"], 1) / 1024
+    return {"prepare_s": got["prepare_s"], "prepare_peak_mb": peak, "prepare_peak_above_start_mb": above}
 
 
 def _touch_every_sample(split: Any, env: Any) -> int:
     """Fetches this rank's share of the split once; returns the samples fetched."""
     from scalelab.training.sampler import RankBatches
 
-    batch = max(min(TOUCH_SAMPLES, len(split) // env.world_size), 1)
-    num = len(split) // (batch * env.world_size)
-    sampler = RankBatches(
-        len(split), world_size=env.world_size, rank=env.rank, batch_size=batch, num_batches=num, seed=0
-    )
+    world, batch = env.world_size, max(min(TOUCH_SAMPLES, len(split) // env.world_size), 1)
+    num = len(split) // (batch * world)
+    sampler = RankBatches(len(split), world_size=world, rank=env.rank, batch_size=batch, num_batches=num, seed=0)
     return sum(len(split.fetch(indices)[0]) for indices in sampler)
 
 
@@ -143,9 +118,6 @@ def measure_rank(spec: dict[str, Any]) -> dict[str, Any]:
     result = _rank(spec, dist.read_env())
     dist.shutdown()
     return result
-
-
-# ---- the benchmark (runs in `scalelab bench data`) ----
 
 
 def measure_size(ctx: harness.Context, size_mb: int) -> dict[str, Any]:
@@ -248,19 +220,14 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
     }  # fmt: skip
 
 
-BENCH = harness.Benchmark(
-    "data",
-    "data.json",
-    METHOD,
-    measure,
-    options=(
-        opt("--sizes-mb", [10, 100, 1000], "MB of text per size"),
-        opt("--repeats", 3, "timed repeats per size and arm"),
-        opt("--steps", 30, "training steps per arm and repeat"),
-        opt("--workers", [0, 2], "num_workers of each arm"),
-        opt("--batch-size", 16, "sequences per rank and step"),
-        opt("--model", GPT, "train.model of the gpt workload (JSON)", type=json.loads),
-        opt("--nproc", 2, "ranks of the DDP job"),
-        opt("--csv-rows", [1000, 10_000, 100_000], "CSV rows prepared (0: skip); 10^6: the issue's full range"),
-    ),
+OPTIONS = (
+    opt("--sizes-mb", [10, 100, 1000], "MB of text per size"),
+    opt("--repeats", 3, "timed repeats per size and arm"),
+    opt("--steps", 30, "training steps per arm and repeat"),
+    opt("--workers", [0, 2], "num_workers of each arm"),
+    opt("--batch-size", 16, "sequences per rank and step"),
+    opt("--model", GPT, "train.model of the gpt workload (JSON)", type=json.loads),
+    opt("--nproc", 2, "ranks of the DDP job"),
+    opt("--csv-rows", [1000, 10_000, 100_000], "CSV rows prepared (0: skip); 10^6: the issue's full range"),
 )
+BENCH = harness.Benchmark("data", "data.json", METHOD, measure, OPTIONS)

@@ -1,15 +1,9 @@
-"""Cached and incremental `dvc repro`: the no-op time, and the time after one evaluate param change.
-
-    scalelab bench dvc --out results/bench     # -> results/bench/dvc.json
-
-The method is METHOD below; the JSON file carries it.
-"""
+"""Cached and incremental `dvc repro`: the no-op time, and the time after one evaluate param change."""
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -20,22 +14,18 @@ import yaml
 
 from scalelab.bench import harness, pipeline, stats
 from scalelab.bench.harness import Goal, opt
-from scalelab.config.overrides import apply, parse_overrides
+from scalelab.config.overrides import parse_overrides
 from scalelab.runtime.paths import PACKAGE_ROOT
 
 METHOD = """\
-A temporary copy of the repository's files (tracked and untracked, not ignored: no results, no
-data/prepared, no mlflow.db), committed into a fresh git repository, with its own SQLite MLflow
-store. Its params.yaml is shrunk by `--set` (by default: 2 training epochs and a one-cell speedup
-study, so that the first full `dvc repro` takes seconds, not minutes; every stage, dep and out of
-dvc.yaml stays). After that first repro (not timed), `no-op`: `--repeats` runs of `dvc repro`
-with nothing changed (busy ones retried or dropped, study.busy), each one's wall time from
-process start to exit, as a user sees it; the
-first of them is also reported alone (`first_noop_s`: DVC may still be filling its hash cache).
-`incremental`: `--incremental-repeats` times, `--param` (evaluate.batch_size) is set to a value it
-never had (half, then half minus 1, ...: an old value would come from DVC's run cache) and
-`dvc repro` runs; its wall time, and which stages ran (from DVC's "Running stage" lines: the goal
-is that exactly `--stage` does).
+A temporary copy of the repository's files (tracked and untracked, not ignored), committed into a
+fresh git repository with its own SQLite MLflow store, params.yaml shrunk by `--set` (default: 2
+epochs, a one-cell study; every stage, dep and out stays). After a first full repro (untimed),
+`no-op`: `--repeats` runs of `dvc repro` with nothing changed (busy ones retried or dropped), wall
+time from process start to exit (`first_noop_s`: the first alone, DVC may still fill its hash
+cache). `incremental`: `--incremental-repeats` times, `--param` is set to a value it never had
+(half, half minus 1, ...: an old one would come from DVC's run cache) and `dvc repro` runs; its
+wall time and the stages run (DVC's "Running stage" lines; goal: exactly `--stage`).
 """
 OUT_FILE = "dvc.json"
 NOOP = Goal("<=", 2.0, "<= 2 s, nothing rerun")
@@ -51,28 +41,6 @@ DEFAULT_SETS = [
 RUNNING = re.compile(r"Running stage '([^']+)'")
 
 
-def copy_repo(repo: Path, dest: Path) -> Path:
-    """The files git would commit (tracked and untracked, not ignored), in a fresh repository."""
-    files = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=repo, capture_output=True, text=True, check=True
-    ).stdout.split("\0")
-    for rel in filter(None, files):
-        if (repo / rel).is_file() and not (repo / rel).is_symlink():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(repo / rel, dest / rel)
-    return dest
-
-
-def _git(dest: Path, *args: str) -> None:
-    git = ["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", "-c", "commit.gpgsign=false"]
-    subprocess.run([*git, *args], cwd=dest, check=True, capture_output=True)
-
-
-def _edit_params(dest: Path, values: dict[str, Any]) -> None:
-    path = dest / "params.yaml"
-    path.write_text(yaml.safe_dump(apply(yaml.safe_load(path.read_text()), values), sort_keys=False))
-
-
 def _get(tree: dict[str, Any], key: str) -> Any:
     for part in key.split("."):
         tree = tree[part]
@@ -80,7 +48,7 @@ def _get(tree: dict[str, Any], key: str) -> Any:
 
 
 class Repro:
-    """`dvc repro` in the copy, with this venv's tools first on PATH and the copy's own store."""
+    """`dvc repro` in the copy: this venv's tools first on PATH, the copy's own store."""
 
     def __init__(self, dest: Path) -> None:
         bin_dir = str(Path(sys.executable).parent)
@@ -103,13 +71,9 @@ class Repro:
 
 
 def measure(ctx: harness.Context) -> dict[str, Any]:
-    """Times the repros in a copy of the repository (busy no-op repros retried or dropped)."""
     args, dest = ctx.args, ctx.work / "repo"
-    copy_repo(Path(args.repo), dest)
     sets = DEFAULT_SETS if args.sets is None else args.sets
-    _edit_params(dest, {k: v[0] for k, v in parse_overrides(sets).items()})
-    for step in (("init", "-q", "-b", "main"), ("add", "-A"), ("commit", "-qm", "bench copy")):
-        _git(dest, *step)
+    pipeline.committed_copy(Path(args.repo), dest, {k: v[0] for k, v in parse_overrides(sets).items()})
     repro = Repro(dest)
     first_s, first_stages = repro()  # the whole pipeline, not timed
     reps = harness.take_repeats(lambda i: repro(), ctx.policy())
@@ -118,7 +82,7 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
     incremental = []
     for i in range(args.incremental_repeats):
         value = max(1, base // 2 - i)  # a new value each time: DVC's run cache restores an old one
-        _edit_params(dest, {args.param: value})
+        pipeline.edit_params(dest, {args.param: value})
         wall_s, ran = repro()
         incremental.append({"wall_s": wall_s, "stages": ran, "value": value})
     noop_s, inc_s = [r["wall_s"] for r in noop], [r["wall_s"] for r in incremental]
@@ -140,18 +104,12 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
     return result
 
 
-BENCH = harness.Benchmark(
-    "dvc",
-    "dvc.json",
-    METHOD,
-    measure,
-    scratch_outside=True,  # a copy of the repository: not inside a checkout
-    options=(
-        opt("--repo", str(PACKAGE_ROOT), "the repository to copy"),
-        opt("--repeats", 5, "no-op repros"),
-        opt("--incremental-repeats", 2, "repros after a change of --param"),
-        opt("--param", "evaluate.batch_size", "the int param to change"),
-        opt("--stage", "evaluate", "the one stage that --param should rerun"),
-        ("--set", {**pipeline.SET_OPTION[1], "default": None, "help": f"default: {DEFAULT_SETS}"}),
-    ),
+OPTIONS = (
+    opt("--repo", str(PACKAGE_ROOT), "the repository to copy"),
+    opt("--repeats", 5, "no-op repros"),
+    opt("--incremental-repeats", 2, "repros after a change of --param"),
+    opt("--param", "evaluate.batch_size", "the int param to change"),
+    opt("--stage", "evaluate", "the one stage that --param should rerun"),
+    ("--set", {**pipeline.SET_OPTION[1], "default": None, "help": f"default: {DEFAULT_SETS}"}),
 )
+BENCH = harness.Benchmark("dvc", "dvc.json", METHOD, measure, OPTIONS, scratch_outside=True)  # outside any checkout

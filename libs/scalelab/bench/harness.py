@@ -1,15 +1,7 @@
-"""The one benchmark harness: a declaration per benchmark, its ranks from a spec, timed repeats
-(busy ones retried or dropped as the study's are), and figures with a goal and a computed verdict.
-
-A benchmark is a `Benchmark` (name, JSON file, method, options, and `measure(ctx) -> dict`);
-`run` gives `measure` a `Context` (args, a scratch folder, `figure`, `ranks`) and writes the JSON
-with the method and the machine. Ranks go through launch.local.run_ranks (spec.json in, rank 0's
-out.json back), their rank function registered in cli/bench_worker.py; inside a rank,
-`rank_loop` builds what most measurements time (process set-up, workload, `Loop`, two synthetic
-batches on the device). `take_repeats` takes repeats one at a time through study.busy.take_rounds:
-each records what other processes took of the machine meanwhile (runtime.disturbance, our
-processes and their children left out); a busy repeat is retried, up to `--max-retries` extra,
-then dropped, and the figure's line says how many were dropped.
+"""The one benchmark harness: a `Benchmark` declaration (name, JSON file, method, options,
+`measure(ctx) -> dict`), ranks from a spec (`ctx.ranks`, launch.local.run_ranks; inside a rank
+`rank_loop` builds the Loop and two synthetic batches), `take_repeats` (study.busy: a busy repeat is
+retried, then dropped and counted in the figure's line) and `ctx.figure` (a goal and a computed verdict).
 """
 
 from __future__ import annotations
@@ -21,6 +13,7 @@ import os
 import resource
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +27,7 @@ from scalelab.runtime import dist, disturbance
 from scalelab.runtime.io import atomic_write_json
 from scalelab.study import busy
 
-__all__ = ["Benchmark", "Context", "Goal", "opt", "run", "rank_loop", "take_repeats"]
+__all__ = ["Benchmark", "Context", "Goal", "opt", "run", "rank_loop", "take_repeats", "timed"]
 
 
 def opt(flag: str, default: Any, help: str, **kw: Any) -> tuple[str, dict[str, Any]]:
@@ -91,8 +84,7 @@ class Context:
     lines: list[str] = field(default_factory=list)
 
     def figure(self, name: str, text: str, value: Any, goal: Goal, *, also: bool = True, dropped: list | None = None):
-        """Writes figure `name`'s summary line (the verdict: `goal.met(value, also)`) and prints
-        it; `dropped` (the busy repeats its repeats dropped, study.busy) says how many."""
+        """Writes and prints figure `name`'s summary line; it counts the `dropped` busy repeats."""
         if dropped is not None:
             text += f"; {len(dropped)} busy repeat{'s' * (len(dropped) != 1)} dropped" + (
                 f" ({busy.dropped_summary(dropped)})" if dropped else ""
@@ -107,8 +99,7 @@ class Context:
         return {"repeats": n, "max_share": self.args.max_busy_share, "max_retries": self.args.max_retries}
 
     def ranks(self, worker: str, spec: dict[str, Any], name: str, *, nproc: int | None, threads: int = 1) -> dict:
-        """Runs `scalelab bench-worker WORKER` on `spec` (`nproc` ranks under torchrun, or one
-        plain process); returns rank 0's result."""
+        """`scalelab bench-worker WORKER` on `spec` (`nproc` torchrun ranks, None: one process): rank 0's result."""
         try:
             return run_ranks(["bench-worker", worker], spec, self.work, name, nproc=nproc, threads_per_process=threads)
         except LaunchError as exc:
@@ -120,8 +111,15 @@ def ranks_of(strategy: str, nproc: int) -> int | None:
     return nproc if strategies.get(strategy).distributed else None
 
 
+def timed(work: Callable[..., object], *args: Any, **kwargs: Any) -> float:
+    """Wall seconds of `work(*args, **kwargs)`."""
+    start = time.perf_counter()
+    work(*args, **kwargs)
+    return time.perf_counter() - start
+
+
 def run(bench: Benchmark, args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    """Measures in a scratch folder (removed after), writes `<out>/<out_file>`; returns its content."""
+    """Measures in a scratch folder (removed after); writes and returns `<out>/<out_file>`."""
     out = Path(out).absolute()  # scratch folders and stores are used from other working folders
     out.mkdir(parents=True, exist_ok=True)
     print(f"scalelab bench {bench.name}: measuring", flush=True)
@@ -162,8 +160,7 @@ class Repeats:
 
 
 def _snapshot(pids: list[int]) -> disturbance.Snapshot:
-    """runtime.disturbance's snapshot, our processes being `pids`, their live descendants and the
-    children this process has reaped (a whole `scalelab train` run, say)."""
+    """runtime.disturbance's snapshot; ours: `pids`, their descendants and this process's reaped children."""
     import psutil
 
     ours = set(pids)
@@ -179,13 +176,8 @@ def _snapshot(pids: list[int]) -> disturbance.Snapshot:
 
 
 def take_repeats(take: Callable[[int], Any], policy: dict[str, Any], pids: list[int] = ()) -> Repeats:
-    """Takes repeats, `take(i)` each (every rank together), until `policy["repeats"]` were kept:
-    a busy one (study.busy) is retried, up to `max_retries` extra, then dropped. Rank 0 measures
-    the disturbance (its machine), and every rank makes the same choice. A collective.
-
-    Raises:
-        MachineBusy: no repeat was kept; the message says how busy the machine was.
-    """
+    """`take(i)` on every rank until `policy["repeats"]` were kept, busy ones (rank 0's measure)
+    retried, then dropped; a collective. MachineBusy when none was kept."""
     env = dist.read_env()
     ours = [*dist.all_gather_object(os.getpid()), *pids]
     values: list[Any] = []
@@ -204,9 +196,8 @@ def take_repeats(take: Callable[[int], Any], policy: dict[str, Any], pids: list[
 
 
 def rank_loop(spec: dict[str, Any], **loop_kw: Any) -> Any:
-    """One rank of a measurement: the process set-up, the workload `spec` names, its Loop and two
-    synthetic batches on the device (seeded per rank). Returns an object with env, device, wl,
-    loop and batches."""
+    """Process set-up, `spec`'s workload, its Loop and two synthetic batches seeded per rank (env,
+    device, wl, loop, batches)."""
     import torch
 
     from scalelab.runtime import seeds
@@ -216,7 +207,8 @@ def rank_loop(spec: dict[str, Any], **loop_kw: Any) -> Any:
 
     env = dist.read_env()
     where, threads, timeout_s = spec.get("device", "cpu"), spec.get("threads", 1), spec.get("timeout_s", 120.0)
-    device = setup_process(env, device=where, threads=threads, timeout_s=timeout_s)
+    deterministic = spec.get("deterministic", False)
+    device = setup_process(env, device=where, threads=threads, deterministic=deterministic, timeout_s=timeout_s)
     seeds.seed_all(spec.get("seed", 0))
     shape, classes = spec["input_shape"], spec["num_classes"]
     wl = workloads.load(spec["workload"], spec["model"], input_shape=shape, num_classes=classes, key="bench")

@@ -1,11 +1,5 @@
-"""The loader: what fraction of a training step waits for data, with num_workers 0 and 2.
-
-    scalelab bench loader --out results/bench     # -> results/bench/loader.json
-
-The ranks run through the harness (under torchrun for a distributed strategy); one by hand, with a
-spec.json that it wrote: `torchrun --standalone --nproc-per-node 2 -m scalelab.cli bench-worker
-loader --spec SPEC.json --out OUT.json`.
-"""
+"""The loader: what fraction of a training step waits for data, with num_workers 0 and 2 (ranks:
+`bench-worker loader`, under torchrun for a distributed strategy)."""
 
 from __future__ import annotations
 
@@ -18,23 +12,20 @@ from scalelab.bench.harness import Goal, opt
 from scalelab.runtime import dist
 
 METHOD = """\
-The pipeline's default training job (params.yaml `train`, changed only by `--set`): its strategy
-and processes (torchrun for a distributed strategy, gloo), threads, model, optimizer, batch and
-plan, on the pipeline's prepared data (made in a temporary folder from the same params: byte for
-byte what `dvc repro prepare` writes, memory-mapped), with training's own loader
-(training.loader.RunLoader: one DataLoader for the run, its workers persistent, as `scalelab
-train` makes it; each arm's workers started in an untimed warm-up epoch) and training's own step
-(Loop.step). For each step, `wait` is the time from asking for the step's micro-batches to having
-them (`first_step_wait_ms_per_epoch`: the first step of each epoch alone), and `compute` the time
-of Loop.step. Arms: num_workers 0 and 2 (`--workers`), interleaved: every repeat runs `--epochs`
-epochs of each, the order alternating; busy repeats are retried or dropped (study.busy). A
-repeat's figure is wait / (wait + compute) summed over its steps, on the rank that waited most.
-Reported per arm: the median over repeats, and every repeat's fraction."""
+The pipeline's default training job (params.yaml `train`, changed only by `--set`: strategy,
+processes, threads, model, optimizer, batch, plan) on the pipeline's prepared data (made in a
+temporary folder from the same params, memory-mapped), with training's own loader (RunLoader, its
+workers persistent, each arm's started in an untimed warm-up epoch) and step (Loop.step). Per
+step, `wait` is the time from asking for its micro-batches to having them
+(`first_step_wait_ms_per_epoch`: each epoch's first step alone), `compute` that of Loop.step.
+Arms: num_workers 0 and 2 (`--workers`), interleaved: each repeat runs `--epochs` epochs of each,
+the order alternating; busy repeats retried or dropped. A repeat's figure: wait / (wait +
+compute) over its steps, on the rank that waited most; per arm the median over repeats."""
 GOAL = Goal("<=", 0.05, "<= 5%")
 
 
 def epoch_times(loop: Any, loader: Any, epoch: int, steps: int, accum: int = 1) -> list[float]:
-    """[wait_s, compute_s, first_wait_s] of `steps` training steps of one pass of `loader`."""
+    """[wait_s, compute_s, first_wait_s] of `steps` steps of one pass of `loader`."""
     wait_s = compute_s = 0.0
     first_wait_s = None
     start = time.perf_counter()
@@ -53,9 +44,8 @@ def epoch_times(loop: Any, loader: Any, epoch: int, steps: int, accum: int = 1) 
 def time_arms(
     loop: Any, loaders: dict[str, Any], steps: int, epochs: int, busy: dict[str, Any], accum: int, warmup: int
 ):
-    """Interleaved repeats of every loader arm (each `epochs` passes of `steps` steps, the order
-    alternating); returns (arm -> repeat -> [wait_s, compute_s, first_wait_s] summed over the
-    passes, the Repeats). Each arm's workers start in an untimed warm-up pass first."""
+    """Interleaved repeats of every loader arm (`epochs` passes each, after an untimed warm-up
+    pass): (arm -> repeat -> [wait_s, compute_s, first_wait_s] summed, the Repeats)."""
     for loader in loaders.values():  # first touch of model and optimizer state, and each loader's workers
         epoch_times(loop, loader, 0, warmup, accum)
     epoch, arms = itertools.count(1), list(loaders)  # every pass its own sampler order
@@ -74,46 +64,35 @@ def time_arms(
     return {arm: [r[arm] for r in reps.kept] for arm in arms}, reps
 
 
-def _rank_times(spec: dict[str, Any], train: Any, env: Any, device: Any) -> tuple[dict[str, Any], Any, Any]:
-    """This rank's repeats; the model and its DDP reducer are freed when this returns, before the
-    process group goes (or exit can deadlock)."""
+def _rank_times(spec: dict[str, Any], train: Any) -> tuple[dict[str, Any], Any, Any, Any]:
+    """This rank's repeats on the job's own Loop (harness.rank_loop); the model and its DDP
+    reducer go on return, before the process group."""
     from scalelab.data.store import open_split, verify
-    from scalelab.runtime import seeds
     from scalelab.training import workloads
     from scalelab.training.loader import RunLoader
-    from scalelab.training.loop import Optim, build_loop
     from scalelab.training.plan import RunPlan
 
     manifest = verify(spec["data"])
+    optim = {"name": train.optimizer, "lr": train.lr, "momentum": train.momentum, "weight_decay": train.weight_decay}
+    job = {
+        "workload": train.workload, "model": train.model, "input_shape": manifest["input_shape"],
+        "num_classes": manifest["num_classes"], "strategy": train.strategy, "precision": train.precision,
+        "optim": optim, "seed": train.seed, "device": train.device, "threads": train.threads_per_process, "batch": 1,
+        "deterministic": train.deterministic, "timeout_s": min(train.collective_timeout_s, 120.0),  # a lost peer fails
+    }  # fmt: skip
+    rank = harness.rank_loop(job)
     split = open_split(spec["data"], "train", manifest, seq_len=workloads.seq_len(train.workload, train.model))
     plan = RunPlan.of(train, len(split))
-    seeds.seed_all(train.seed)
-    shape, classes = manifest["input_shape"], manifest["num_classes"]
-    wl = workloads.load(train.workload, train.model, input_shape=shape, num_classes=classes)
-    optim = Optim(name=train.optimizer, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)
-    loop = build_loop(wl, device, strategy_name=train.strategy, precision=train.precision, optim=optim)
-    loaders = {str(w): RunLoader(split, plan, env, seed=train.seed, num_workers=int(w)) for w in spec["workers"]}
+    loaders = {str(w): RunLoader(split, plan, rank.env, seed=train.seed, num_workers=int(w)) for w in spec["workers"]}
     steps, accum = plan.steps_per_epoch, plan.grad_accum_steps
-    times, reps = time_arms(loop, loaders, steps, spec["epochs"], spec["busy"], accum, warmup=steps)
-    return times, reps, plan
+    times, reps = time_arms(rank.loop, loaders, steps, spec["epochs"], spec["busy"], accum, warmup=steps)
+    return times, reps, plan, rank.env
 
 
 def measure_rank(spec: dict[str, Any]) -> dict[str, Any]:
-    """Interleaved repeats of every arm on this rank; every rank's figures."""
     from scalelab.config import parse_params
-    from scalelab.runtime.device import setup_process
 
-    train = parse_params(spec["params"], "params").train
-    env = dist.read_env()
-    timeout_s = min(train.collective_timeout_s, 120.0)  # a lost peer fails the benchmark, not hangs it
-    device = setup_process(
-        env,
-        device=train.device,
-        threads=train.threads_per_process,
-        deterministic=train.deterministic,
-        timeout_s=timeout_s,
-    )
-    times, reps, plan = _rank_times(spec, train, env, device)
+    times, reps, plan, env = _rank_times(spec, parse_params(spec["params"], "params").train)
     ranks = dist.all_gather_object(times)
     dist.shutdown()
     job = {"steps_per_epoch": plan.steps_per_epoch, "per_rank_batch": plan.per_rank_batch}
@@ -157,16 +136,11 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
     }  # fmt: skip
 
 
-BENCH = harness.Benchmark(
-    "loader",
-    "loader.json",
-    METHOD,
-    measure,
-    options=(
-        opt("--params", "params.yaml", "the params to train with"),
-        opt("--repeats", 5, "timed repeats of every arm"),
-        opt("--epochs", 4, "epochs per arm and repeat"),
-        opt("--workers", [0, 2], "num_workers of each arm"),
-        pipeline.SET_OPTION,
-    ),
+OPTIONS = (
+    opt("--params", "params.yaml", "the params to train with"),
+    opt("--repeats", 5, "timed repeats of every arm"),
+    opt("--epochs", 4, "epochs per arm and repeat"),
+    opt("--workers", [0, 2], "num_workers of each arm"),
+    pipeline.SET_OPTION,
 )
+BENCH = harness.Benchmark("loader", "loader.json", METHOD, measure, OPTIONS)

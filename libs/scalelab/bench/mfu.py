@@ -1,11 +1,5 @@
-"""Model FLOPs utilization of the small GPT-style workload (experiments/gpt.py): achieved FLOP/s / peak.
-
-    scalelab bench mfu --out results/bench                                    # CPU: FLOP/s, MFU not measured
-    scalelab bench mfu --device cuda --precision bf16 --layers 12 --d-model 1024 --seq 1024
-    scalelab bench mfu --peak-tflops 1.5                                      # MFU against a peak you give
-
-The method is METHOD below; the JSON file (mfu.json) carries it.
-"""
+"""Model FLOPs utilization of the small GPT-style workload (experiments/gpt.py): achieved FLOP/s / peak
+(on CUDA: `scalelab bench mfu --device cuda --precision bf16`; elsewhere `--peak-tflops`)."""
 
 from __future__ import annotations
 
@@ -22,14 +16,12 @@ METHOD = """\
 One process times the training step of experiments/gpt.py (Loop.step, strategy single: forward,
 next-token cross-entropy, backward, AdamW) on two synthetic token batches on the device. Warm-up
 steps untimed; each repeat times `--steps` steps (CUDA synchronized around them); busy repeats
-are retried or dropped; the figure is the median step. FLOPs per step, analytic:
+retried or dropped; the figure is the median step. FLOPs per step, analytic:
 (6*N + 12*n_layer*d_model*seq) * batch*seq (Kaplan et al. 2020; PaLM's 6N + 12LHQT), N the
-parameters in matrix products (not the embeddings; the untied head counted), attention over the
-full score matrix. Cross-check: one step under torch.utils.flop_counter.FlopCounterMode (it reads
-a few percent high). Achieved FLOP/s = analytic FLOPs / median step. MFU = achieved / peak: the
-peak is --peak-tflops, else on CUDA in bf16 the device's dense peak by name (PEAK_TFLOPS_BF16),
-else unknown and MFU null ("not measured"). The goal is MFU >= 30% (the low end of the 33-39%
-torchtitan reports for Llama 3.1 8B on H100); the verdict is that comparison (`meets_goal`).
+parameters in matrix products (not the embeddings; the untied head counted). Cross-check: one step under
+FlopCounterMode (a few percent high). MFU = achieved / peak: --peak-tflops, else on CUDA in bf16
+the device's dense peak by name (PEAK_TFLOPS_BF16), else null ("not measured"). Goal: MFU >= 30%
+(the low end of the 33-39% torchtitan reports for Llama 3.1 8B on H100).
 """
 OUT_FILE = "mfu.json"
 GOAL = Goal(">=", 0.30, "MFU >= 30%")  # of the peak: the low end of what torchtitan reports on H100 (33-39%)
@@ -60,14 +52,8 @@ def model_config(args: Any) -> dict[str, Any]:
             raise ValueError(f"--{key.replace('_', '-')} = {getattr(args, key)} is not allowed: give a number >= 1")
     if args.peak_tflops is not None and args.peak_tflops <= 0:
         raise ValueError(f"--peak-tflops = {args.peak_tflops} is not allowed: give a peak > 0")
-    heads = args.heads or max(1, args.d_model // 64)
-    return {
-        "vocab_size": args.vocab,
-        "seq_len": args.seq,
-        "d_model": args.d_model,
-        "layers": args.layers,
-        "heads": heads,
-    }
+    model = {"vocab_size": args.vocab, "seq_len": args.seq, "d_model": args.d_model, "layers": args.layers}
+    return model | {"heads": args.heads or max(1, args.d_model // 64)}
 
 
 def matmul_params(model: torch.nn.Module) -> int:
@@ -127,7 +113,6 @@ def measure_steps(args: Any, policy: dict[str, Any]) -> dict[str, Any]:
 
 
 def measure(ctx: harness.Context) -> dict[str, Any]:
-    """mfu.json's figures and the summary line `mfu`."""
     args = ctx.args
     m = measure_steps(args, ctx.policy())
     device, reps = m.pop("device"), m.pop("busy")
@@ -136,13 +121,8 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
     peak, peak_source = peak_tflops(device, args.precision, args.peak_tflops)
     mfu = achieved / peak if peak else None
     config = {**m["model"], "batch": args.batch, "tokens_per_step": m["tokens_per_step"]}
-    config |= {
-        "steps_per_repeat": args.steps,
-        "warmup_steps": args.warmup_steps,
-        "optimizer": "adamw",
-        "strategy": "single",
-        "seed": args.seed,
-    }
+    config |= {"steps_per_repeat": args.steps, "warmup_steps": args.warmup_steps, "optimizer": "adamw"}
+    config |= {"strategy": "single", "seed": args.seed}
     r = {
         "device": device_name(device), "precision": args.precision, "config": config, "params": m["params"],
         "matmul_params": m["matmul_params"], "flops_per_step_analytic": m["flops_per_step_analytic"],
@@ -160,24 +140,19 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
     return r
 
 
-BENCH = harness.Benchmark(
-    "mfu",
-    "mfu.json",
-    METHOD,
-    measure,
-    options=(
-        opt("--device", "cpu", "where to run", choices=["cpu", "cuda"]),
-        opt("--precision", "fp32", "bf16: autocast", choices=["fp32", "bf16"]),
-        opt("--steps", 5, "timed steps per repeat"),
-        opt("--repeats", 5, "timed repeats"),
-        opt("--warmup-steps", 2, "untimed steps first"),
-        opt("--batch", 8, "sequences per step"),
-        opt("--seq", 128, "tokens per sequence"),
-        opt("--layers", 2, "transformer blocks"),
-        opt("--d-model", 128, "model width"),
-        opt("--heads", 0, "0: d_model / 64 (at least 1)"),
-        opt("--vocab", 512, "vocabulary size, tokens"),
-        opt("--seed", 0, "seed of the weights and the random tokens"),
-        opt("--peak-tflops", None, "the device's peak, TFLOP/s (default: table)", type=float),
-    ),
+OPTIONS = (
+    opt("--device", "cpu", "where to run", choices=["cpu", "cuda"]),
+    opt("--precision", "fp32", "bf16: autocast", choices=["fp32", "bf16"]),
+    opt("--steps", 5, "timed steps per repeat"),
+    opt("--repeats", 5, "timed repeats"),
+    opt("--warmup-steps", 2, "untimed steps first"),
+    opt("--batch", 8, "sequences per step"),
+    opt("--seq", 128, "tokens per sequence"),
+    opt("--layers", 2, "transformer blocks"),
+    opt("--d-model", 128, "model width"),
+    opt("--heads", 0, "0: d_model / 64 (at least 1)"),
+    opt("--vocab", 512, "vocabulary size, tokens"),
+    opt("--seed", 0, "seed of the weights and the random tokens"),
+    opt("--peak-tflops", None, "the device's peak, TFLOP/s (default: table)", type=float),
 )
+BENCH = harness.Benchmark("mfu", "mfu.json", METHOD, measure, OPTIONS)

@@ -1,11 +1,5 @@
-"""Engine parity: scalelab's training step against a hand-written PyTorch loop, same everything.
-
-    scalelab bench parity --out results/bench     # -> results/bench/parity.json
-
-Each strategy's ranks run through the harness (launch.local.run_ranks); by hand, with a spec.json
-that it wrote: `torchrun --standalone --nproc-per-node 2 -m scalelab.cli bench-worker parity
---spec SPEC.json --out OUT.json`.
-"""
+"""Engine parity: scalelab's training step against a hand-written PyTorch loop (plain_loop.py), same
+everything, per strategy (ranks: `bench-worker parity`)."""
 
 from __future__ import annotations
 
@@ -25,13 +19,13 @@ METHOD = """\
 The study's default workload (params.yaml `speedup`) on CPU, 1 thread per process. Two arms built
 from the same seed in the same process(es), fed the same two synthetic batches: `engine`
 (build_loop + Loop.step: SGD lr 1e-3 momentum 0.9, clipping at norm `clip`, warm-up + cosine LR)
-and `plain` (scalelab.bench.plain_loop, written by hand, importing nothing from scalelab; DDP, or
-FSDP2's fully_shard of each layer, when the process group is up). Strategies `single`, `ddp` and
-`fsdp` (torchrun, `--nproc` gloo processes). Each repeat runs `--steps` steps of each arm
-interleaved step by step (the order alternating), each after a barrier, on the slowest rank;
-busy repeats are retried or dropped. The figure: the median over repeats of engine/plain step
-time with a bootstrap 95% interval over repeats. Weights: fresh arms run `--check-steps` steps on
-the same batches and dropout RNG; every parameter and buffer is compared bit for bit on every rank.
+and `plain` (bench/plain_loop.py, by hand, importing nothing from scalelab; DDP, or FSDP2's
+fully_shard of each layer). Strategies single, ddp and fsdp (`--nproc` gloo processes). Each
+repeat runs `--steps` steps of each arm interleaved step by step (the order alternating), each
+after a barrier, on the slowest rank; busy repeats are retried or dropped. The figure: the median
+over repeats of engine/plain step time with a bootstrap 95% interval. Weights: fresh arms run
+`--check-steps` steps on the same batches and dropout RNG; every parameter and buffer is compared
+bit for bit on every rank.
 """
 GOAL = Goal("<=", 1.01, "<= 1.01 and identical")
 CLIP = 0.5  # below the gradient norms of this workload: the clipping scales every step
@@ -60,9 +54,6 @@ def workload_spec(args: Any) -> dict[str, Any]:
     }  # fmt: skip
 
 
-# ---- one rank (runs in the worker processes) ----
-
-
 def _local(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.to_local() if hasattr(v, "to_local") else v for k, v in state.items()}  # fsdp: this rank's shards
 
@@ -76,8 +67,7 @@ def _compare(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict[str
 
 
 def _measure_arms(spec: dict[str, Any]) -> dict[str, Any]:
-    """Builds both arms, checks their weights, times them. The arms (and their DDP reducers) are
-    freed when this returns: a reducer freed after its process group can deadlock at exit."""
+    """Builds both arms, checks their weights, times them; the arms (and DDP reducers) go on return."""
     total, warmup, min_ratio = sched = spec["schedule"]
     cosine = functools.partial(schedule.build, total_steps=total, schedule="cosine", warmup_steps=warmup)
     cosine = functools.partial(cosine, min_ratio=min_ratio)
@@ -127,9 +117,6 @@ def measure_rank(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-# ---- the benchmark (runs in `scalelab bench parity`) ----
-
-
 def measure(ctx: harness.Context) -> dict[str, Any]:
     """Measures every strategy; raises ParityError (after its JSON) when an arm's weights differ."""
     args, spec = ctx.args, workload_spec(ctx.args)
@@ -137,23 +124,16 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
     for s in args.strategies:
         r = ctx.ranks("parity", {**spec, "strategy": s, "busy": ctx.policy()}, s, nproc=harness.ranks_of(s, args.nproc))
         ratio = stats.ratio_figures(r["step_s"]["engine"], r["step_s"]["plain"])
+        same = r["bitwise_identical"]
         per[s] = {
-            **ratio,
-            "world_size": r["ranks"],
+            **ratio, "world_size": r["ranks"],
             "median_step_ms": {arm: 1000.0 * stats.median(r["step_s"][arm]) for arm in ARMS},
             "repeat_step_ms": {arm: [1000.0 * x for x in r["step_s"][arm]] for arm in ARMS},
-            "bitwise_identical": r["bitwise_identical"],
-            "max_abs_weight_diff": r["max_abs_weight_diff"],
-            "meets_target": GOAL.met(ratio["median_ratio"]),
-            "dropped": r["dropped"],
-            "disturbance": r["disturbance"],
-        }
-        low, high = ratio["ci95"]
-        figure = (
-            f"engine/plain step time {ratio['median_ratio']:.3f} (95% CI {low:.3f}-{high:.3f}), {s} at "
-            f"{r['ranks']} process(es), weights bitwise identical: {r['bitwise_identical']}"
-        )
-        same = r["bitwise_identical"]
+            "bitwise_identical": same, "max_abs_weight_diff": r["max_abs_weight_diff"],
+            "meets_target": GOAL.met(ratio["median_ratio"]), "dropped": r["dropped"], "disturbance": r["disturbance"],
+        }  # fmt: skip
+        figure = f"engine/plain step time {stats.ratio_text(ratio)}, {s} at {r['ranks']} process(es), weights bitwise "
+        figure += f"identical: {same}"
         ctx.figure(f"parity_{s}", figure, ratio["median_ratio"], GOAL, also=same, dropped=r["dropped"])
     workload = {k: spec[k] for k in ("model", "num_features", "num_classes", "batch_size", "seed")}
     result = {
@@ -178,21 +158,16 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
     return result
 
 
-BENCH = harness.Benchmark(
-    "parity",
-    "parity.json",
-    METHOD,
-    measure,
-    options=(
-        opt("--params", "params.yaml", "its `speedup` section is the workload"),
-        opt("--repeats", 11, "timed repeats of every arm"),
-        opt("--steps", 3, "timed steps per arm and repeat"),
-        opt("--warmup-steps", 2, "untimed steps after the check"),
-        opt("--check-steps", 5, "steps before the bitwise weight check"),
-        opt("--strategies", ["single", "ddp", "fsdp"], "the strategies compared with hand-written loops"),
-        opt("--nproc", 2, "processes of a distributed strategy"),
-        opt("--batch-size", 0, "per rank; 0: speedup.batch_sizes[0]"),
-        opt("--num-features", 0, "0: speedup.num_features"),
-        opt("--hidden", None, "hidden widths; default: speedup.model.hidden", type=int, nargs="+"),
-    ),
+OPTIONS = (
+    opt("--params", "params.yaml", "its `speedup` section is the workload"),
+    opt("--repeats", 11, "timed repeats of every arm"),
+    opt("--steps", 3, "timed steps per arm and repeat"),
+    opt("--warmup-steps", 2, "untimed steps after the check"),
+    opt("--check-steps", 5, "steps before the bitwise weight check"),
+    opt("--strategies", ["single", "ddp", "fsdp"], "the strategies compared with hand-written loops"),
+    opt("--nproc", 2, "processes of a distributed strategy"),
+    opt("--batch-size", 0, "per rank; 0: speedup.batch_sizes[0]"),
+    opt("--num-features", 0, "0: speedup.num_features"),
+    opt("--hidden", None, "hidden widths; default: speedup.model.hidden", type=int, nargs="+"),
 )
+BENCH = harness.Benchmark("parity", "parity.json", METHOD, measure, OPTIONS)

@@ -1,12 +1,10 @@
-"""What the pipeline benchmarks share: params with overrides, prepared data, a private MLflow store.
-
-The profiler, loader and DVC benchmarks measure the pipeline as `dvc repro` runs it, from
-params.yaml, shrunk only where their `--set section.key=value` options say (tests use them).
-"""
+"""What the pipeline benchmarks share: params with `--set` overrides, prepared data, a private
+MLflow store, `scalelab` and `git` as fresh processes, a committed copy of the repository."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -17,16 +15,9 @@ from scalelab.config import ConfigError, Params, parse_params, read_yaml
 from scalelab.config.overrides import apply, parse_overrides
 from scalelab.launch.local import worker_command
 
-SET_OPTION = (
-    "--set",
-    {
-        "dest": "sets",
-        "action": "append",
-        "default": [],
-        "metavar": "KEY=VALUE",
-        "help": "override a params key, as -S does (repeatable), e.g. --set train.epochs=2",
-    },
-)
+SET_HELP = "override a params key, as -S does (repeatable), e.g. --set train.epochs=2"
+SET_OPTION = ("--set", {"dest": "sets", "action": "append", "default": [], "metavar": "KEY=VALUE", "help": SET_HELP})
+GIT = ["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", "-c", "commit.gpgsign=false"]
 
 
 def params_tree(path: str | Path, sets: list[str]) -> dict[str, Any]:
@@ -41,8 +32,7 @@ def params_tree(path: str | Path, sets: list[str]) -> dict[str, Any]:
 
 
 def write_params(path: Path, raw: dict[str, Any]) -> Path:
-    """Writes a params file that `scalelab` accepts: inside a repository (its folder gets a
-    `dvc.yaml` marker when no folder above holds one, as in a test's temporary folder)."""
+    """A params file inside a repository (a `dvc.yaml` marker when no folder above holds one)."""
     from scalelab.runtime.paths import find_repo
 
     if find_repo(path.parent) is None:
@@ -65,8 +55,7 @@ def prepare_data(raw: dict[str, Any], out: Path) -> Path:
 
 
 def store_env(store_dir: Path, tracking: bool = True) -> dict[str, str]:
-    """This environment with a fresh SQLite MLflow store in `store_dir`; with `tracking`, its
-    schema is made now, so that no timed run pays for creating it."""
+    """This environment with a fresh SQLite MLflow store in `store_dir` (its schema made now, untimed)."""
     uri = f"sqlite:///{store_dir / 'mlflow.db'}"
     if tracking:
         from scalelab.tracking import runs
@@ -75,10 +64,35 @@ def store_env(store_dir: Path, tracking: bool = True) -> dict[str, str]:
     return {**os.environ, "MLFLOW_TRACKING_URI": uri}
 
 
-def scalelab(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Runs `scalelab ARGS` in a fresh process; raises RuntimeError with its stderr tail on failure."""
+def scalelab(*args: str, cwd: Path | None = None, env: dict | None = None, ok=(0,)) -> subprocess.CompletedProcess:
+    """Runs `scalelab ARGS` in a fresh process; RuntimeError with its output's tail unless its status is `ok`."""
     proc = subprocess.run(worker_command(list(args)), cwd=cwd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = " | ".join(proc.stderr.strip().splitlines()[-5:])
-        raise RuntimeError(f"scalelab {' '.join(args)} exited {proc.returncode}: {tail[-800:]}")
+    if proc.returncode not in ok:
+        tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-6:])
+        raise RuntimeError(f"scalelab {' '.join(args)} exited {proc.returncode}: {tail[-1500:]}")
     return proc
+
+
+def git(repo: Path, *args: str) -> None:
+    subprocess.run([*GIT, *args], cwd=repo, check=True, capture_output=True)
+
+
+def edit_params(repo: Path, values: dict[str, Any]) -> None:
+    path = repo / "params.yaml"
+    path.write_text(yaml.safe_dump(apply(yaml.safe_load(path.read_text()), values), sort_keys=False))
+
+
+def committed_copy(repo: Path, dest: Path, values: dict[str, Any] | None = None) -> Path:
+    """The files git would commit (tracked and untracked, not ignored), params.yaml changed by
+    `values`, committed in a fresh repository."""
+    cmd = ["git", "ls-files", "-co", "--exclude-standard", "-z"]
+    files = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, check=True).stdout.split("\0")
+    for rel in filter(None, files):
+        if (repo / rel).is_file() and not (repo / rel).is_symlink():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(repo / rel, dest / rel)
+    if values:
+        edit_params(dest, values)
+    for step in (("init", "-q", "-b", "main"), ("add", "-A"), ("commit", "-qm", "bench copy")):
+        git(dest, *step)
+    return dest

@@ -1,9 +1,4 @@
-"""What `train.profile` costs a whole training run: `scalelab train` with the profiler on and off.
-
-    scalelab bench profiler --out results/bench     # -> results/bench/profiler_overhead.json
-
-The method is METHOD below; the JSON file carries it.
-"""
+"""What `train.profile` costs a whole training run: `scalelab train` with the profiler on and off."""
 
 from __future__ import annotations
 
@@ -19,17 +14,14 @@ from scalelab.bench.harness import Goal, opt
 from scalelab.config.loader import ConfigError
 
 METHOD = """\
-The pipeline's default training: `scalelab train` on params.yaml (changed only by `--set`), in a
-fresh process each time, on the pipeline's prepared data (made once, in a temporary folder, from
-the same params: byte for byte what `dvc repro prepare` writes), with tracking into a private
-SQLite MLflow store whose schema is made before the first timed run. Two arms: `off`
-(train.profile.enabled false) and `on` (true: torch.profiler over wait/warmup/active steps, the
-Chrome trace and op tables written and logged as MLflow artifacts). Each repeat runs both, the
-order alternating from repeat to repeat; busy repeats are retried or dropped (study.busy). The
-figure is the whole run's wall time (process start to exit), as the median over repeats of
-on/off, with a percentile bootstrap 95% interval (2000 resamples of whole repeats, seed 0). For
-reference: `cpu_time`, the same ratio of the CPU time (user + system) of all the run's processes
-(RUSAGE_CHILDREN), which other load on the machine moves less than wall time, and
+The pipeline's default training: `scalelab train` on params.yaml (changed only by `--set`), a fresh
+process each time, on the pipeline's prepared data (made once in a temporary folder from the same
+params), tracking into a private SQLite MLflow store (schema made before the first timed run). Arms
+`off` and `on` (train.profile.enabled: torch.profiler over wait/warmup/active steps, its trace and
+op tables logged as MLflow artifacts); each repeat runs both, the order alternating; busy repeats
+are retried or dropped. The figure: the whole run's wall time (process start to exit), median over
+repeats of on/off with a bootstrap 95% interval over repeats. For reference: `cpu_time`, the same
+ratio of the CPU time of all the run's processes (RUSAGE_CHILDREN, less moved by other load), and
 `step_time_ms`, the run's own mean step time from metrics.json.
 """
 GOAL = Goal("<=", 1.05)
@@ -53,7 +45,6 @@ def _train(params_path: Path, data: Path, out: Path, env: dict[str, str]) -> dic
 
 
 def measure(ctx: harness.Context) -> dict[str, Any]:
-    """Prepares the data once, then runs the interleaved repeats (busy ones retried or dropped)."""
     args, work = ctx.args, ctx.work
     raw = pipeline.params_tree(args.params, args.sets)
     if raw["train"].get("launcher", "local") != "local":
@@ -86,24 +77,16 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
         "median_cpu_s": {arm: stats.median(cpu[arm]) for arm in ARMS}, "runs": runs,
         "target_ratio": GOAL.target, "meets_target": GOAL.met(ratio["median_ratio"]), **reps.json(),
     }  # fmt: skip
-    (low, high), med = ratio["ci95"], result["median_wall_s"]
-    text = (
-        f"whole-run wall time profile on/off {ratio['median_ratio']:.3f} (95% CI {low:.3f}-{high:.3f}; "
-        f"off {med['off']:.1f} s, on {med['on']:.1f} s; CPU time on/off {result['cpu_time']['median_ratio']:.3f})"
-    )
+    med = result["median_wall_s"]
+    inner = f"; off {med['off']:.1f} s, on {med['on']:.1f} s; CPU time on/off {result['cpu_time']['median_ratio']:.3f}"
+    text = f"whole-run wall time profile on/off {stats.ratio_text(ratio, inner=inner)}"
     ctx.figure("profiler_overhead", text, ratio["median_ratio"], GOAL, dropped=reps.dropped)
     return result
 
 
-BENCH = harness.Benchmark(
-    "profiler",
-    "profiler_overhead.json",
-    METHOD,
-    measure,
-    key="profiler_overhead",
-    options=(
-        opt("--params", "params.yaml", "the params to train with"),
-        opt("--repeats", 3, "training runs per arm, profiler on and off"),
-        pipeline.SET_OPTION,
-    ),
+OPTIONS = (
+    opt("--params", "params.yaml", "the params to train with"),
+    opt("--repeats", 3, "training runs per arm, profiler on and off"),
+    pipeline.SET_OPTION,
 )
+BENCH = harness.Benchmark("profiler", "profiler_overhead.json", METHOD, measure, OPTIONS, key="profiler_overhead")

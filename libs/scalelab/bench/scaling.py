@@ -1,12 +1,6 @@
-"""How scalelab's costs grow with the work: a log-log slope per cost, and whether it is linear or worse.
-
-    scalelab bench scaling --out results/bench                 # -> scaling.json, scaling.png
-    scalelab bench scaling --cells 1 2 4 8 16 --run-steps 10 100 1000 10000   # longer study, reproduce
-
-It times two whole commands as fresh processes (`python -m scalelab.cli ...`, as dvc.yaml and a
-user run them): the speedup study against its number of cells and `scalelab reproduce` against
-the length of the run it reruns. The other curves come from the figures the benchmarks that own
-them wrote into the same folder (`scalelab bench all` runs this one last): each is measured once.
+"""How scalelab's costs grow with the work: a log-log slope per cost, and whether it is linear or
+worse. Measured here: the whole study against its cells and `scalelab reproduce` against the run's
+length; the other curves come from the files of the benchmarks that own them (run this one last).
 """
 
 from __future__ import annotations
@@ -16,7 +10,6 @@ import math
 import os
 import shutil
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -25,26 +18,23 @@ from typing import Any
 import yaml
 
 from scalelab.bench import harness, pipeline
-from scalelab.bench.dvc_repro import copy_repo
 from scalelab.bench.harness import Goal, opt
 from scalelab.config import DataConfig, build
 from scalelab.data.prepare import prepare
-from scalelab.launch.local import worker_command
 from scalelab.runtime.paths import PACKAGE_ROOT
 from scalelab.training.plan import RESOLVED_FILE, RUN_FILE
 
 METHOD = """\
-Each cost, at sizes a decade apart, fitted with least squares on log(cost) against log(size):
-slope 1 is linear. Growth is "sub-linear" (< 0.9), "linear" (0.9-1.1) or "worse than linear"
-(> 1.1, the goal's failure); `local_slopes` go decade by decade. From the files of the benchmarks
-that measure them, in the same folder (missing: "not measured"): the tracker's in-thread CPU and
-store time against metrics per step (tracking_overhead.json), `prepare` time and peak memory of
-a CSV against its rows (data.json), the full-state checkpoint's save and load at one rank against
-parameters (checkpoint.json). Measured here, once per size, smallest first: `study`, the whole
-`scalelab speedup` as a fresh process into a fresh folder, N cells of one tiny ddp-w1 setup at
-batch sizes 64, 65, ... (`per_cell_s`: wall / cells); `reproduce`, tracked `scalelab train` runs
-of each `--run-steps` length in a committed copy of the repository, then `scalelab reproduce
-RUN_ID --yes` of each (`train_s`: the run's own time; `fixed_s`: reproduce less it).
+Each cost, at sizes a decade apart: least squares of log(cost) on log(size), slope 1 linear;
+growth "sub-linear" (< 0.9), "linear" (0.9-1.1) or "worse than linear" (> 1.1, the goal's
+failure); `local_slopes` decade by decade. From the files in the same folder (missing: "not
+measured"): the tracker's in-thread CPU and store time against metrics per step
+(tracking_overhead.json), `prepare` time and peak memory of a CSV against its rows (data.json),
+the full-state save and load at one rank against parameters (checkpoint.json). Measured here, once
+per size: `study`, a whole `scalelab speedup` in a fresh process and folder, N cells of one tiny
+ddp-w1 setup at batch sizes 64, 65, ... (`per_cell_s`); `reproduce`, tracked `scalelab train` runs
+of each `--run-steps` length in a committed copy of the repository, then `scalelab reproduce RUN_ID
+--yes` of each (`train_s`: the run's own time; `fixed_s`: reproduce less it).
 """
 PLOT_FILE = "scaling.png"
 LINEAR_BAND = (0.9, 1.1)
@@ -58,14 +48,8 @@ def fit(sizes: list[float], costs: list[float]) -> dict[str, Any]:
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
     growth = "sub-linear" if slope < LINEAR_BAND[0] else "linear" if slope <= LINEAR_BAND[1] else "worse than linear"
     local = [(ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i]) for i in range(len(xs) - 1)]  # decade by decade
-    return {
-        "sizes": sizes,
-        "costs": costs,
-        "slope": slope,
-        "local_slopes": local,
-        "growth": growth,
-        "linear_or_better": slope <= LINEAR_BAND[1],
-    }
+    fitted = {"sizes": sizes, "costs": costs, "slope": slope, "local_slopes": local, "growth": growth}
+    return fitted | {"linear_or_better": slope <= LINEAR_BAND[1]}
 
 
 UNITS = {
@@ -105,48 +89,24 @@ def plot(curves: dict[str, Any], path: Path) -> None:
 
 
 STUDY_BATCH = 64  # cell i runs batch STUDY_BATCH + i: nearly equal work, a distinct cell each
-STUDY = {
-    "workload": "mlp",
-    "model": {"hidden": [64], "dropout": 0.0},
-    "num_features": 32,
-    "strategies": ["ddp"],  # one setup (ddp-w1) on any machine: `single` adds a setup per thread count
-    "world_sizes": [1],
-    "precisions": ["fp32"],
-    "compile": [False],
-    "device": "cpu",
-    "warmup_steps": 1,
-    "timed_steps": 2,
-    "repeats": 2,
-}
+STUDY = {  # one setup (ddp-w1) on any machine: `single` adds a setup per thread count
+    "workload": "mlp", "model": {"hidden": [64], "dropout": 0.0}, "num_features": 32, "strategies": ["ddp"],
+    "world_sizes": [1], "precisions": ["fp32"], "compile": [False], "device": "cpu", "warmup_steps": 1,
+    "timed_steps": 2, "repeats": 2,
+}  # fmt: skip
 STEPS_PER_EPOCH = 10
 # 457 synthetic samples split 320 / 46 / 91 (train / val / test): 10 steps of 32 per epoch
 RUN_DATA = {"source": "synthetic", "synthetic": {"num_samples": 457, "num_features": 32}}
 RUN_TRAIN = {
-    "strategy": "single",
-    "nproc_per_node": 1,
-    "threads_per_process": 1,
-    "device": "cpu",
-    "batch_size": 32,
-    "model": {"hidden": [32], "dropout": 0.0},
-    "untimed_steps": 2,
-}
+    "strategy": "single", "nproc_per_node": 1, "threads_per_process": 1, "device": "cpu", "batch_size": 32,
+    "model": {"hidden": [32], "dropout": 0.0}, "untimed_steps": 2,
+}  # fmt: skip
 
 
 def _base_params(root: Path) -> dict[str, Any]:
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["tracking"].update(experiment="bench-scaling", enabled=True, system_metrics_interval_s=0.0)
     return params
-
-
-def _scalelab(args: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, subprocess.CompletedProcess]:
-    """Runs `scalelab ARGS` as a fresh process; returns (wall seconds, the finished process)."""
-    start = time.perf_counter()
-    proc = subprocess.run(worker_command(args), cwd=cwd, env=env, capture_output=True, text=True)
-    return time.perf_counter() - start, proc
-
-
-def _tail(proc: subprocess.CompletedProcess) -> str:
-    return " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-6:])[-1500:]
 
 
 def study_params(cells: int) -> dict[str, Any]:
@@ -165,39 +125,31 @@ def study_costs(cells: list[int], work: Path) -> dict[str, list[float]]:
         folder.mkdir()
         pipeline.write_params(folder / "params.yaml", study_params(n))  # a repository of its own
         args = ["speedup", "--params", "params.yaml", "--out", "out", "--cells", "cells"]  # a fresh cell cache
-        wall_s, proc = _scalelab(args, folder, env)
-        if proc.returncode != 0:
-            raise RuntimeError(f"scalelab speedup ({n} cells) exited {proc.returncode}: {_tail(proc)}")
+        start = time.perf_counter()
+        proc = pipeline.scalelab(*args, cwd=folder, env=env)
+        wall_s = time.perf_counter() - start
         measured = proc.stderr.count("measuring ")
         if measured != n:
-            raise RuntimeError(f"the {n}-cell study measured {measured} cells: {_tail(proc)}")
+            raise RuntimeError(f"the {n}-cell study measured {measured} cells: {proc.stderr[-1500:]}")
         wall.append(wall_s)
         per_cell.append(wall_s / n)
     return {"wall_s": wall, "per_cell_s": per_cell}
 
 
-def _git(repo: Path, *args: str) -> None:
-    git = ["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", "-c", "commit.gpgsign=false"]
-    subprocess.run([*git, *args], cwd=repo, check=True, capture_output=True)
-
-
 def reproduce_costs(run_steps: list[int], work: Path) -> dict[str, list[float]]:
-    """Trains a tracked run of each length in a committed copy of the repository, then times
-    `scalelab reproduce` of each; returns both wall times and the steps each run planned."""
+    """Tracked runs of each length in a committed copy of the repository, then `scalelab reproduce`
+    of each: both wall times and the steps each run planned."""
     bad = [s for s in run_steps if s % STEPS_PER_EPOCH]
     if bad:
         raise ValueError(f"--run-steps {bad}: each must be a multiple of {STEPS_PER_EPOCH} (steps per epoch)")
     tmp = Path(tempfile.mkdtemp(prefix="scalelab-bench-scaling-"))  # outside any checkout
     try:
-        return _reproduce_costs(run_steps, copy_repo(PACKAGE_ROOT, tmp / "repo"), work)
+        return _reproduce_costs(run_steps, pipeline.committed_copy(PACKAGE_ROOT, tmp / "repo"), work)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _reproduce_costs(run_steps: list[int], repo: Path, work: Path) -> dict[str, list[float]]:
-    _git(repo, "init", "-q", "-b", "main")
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-qm", "bench copy")
     env = {
         **os.environ,
         "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}",
@@ -214,16 +166,14 @@ def _reproduce_costs(run_steps: list[int], repo: Path, work: Path) -> dict[str, 
         path.write_text(yaml.safe_dump(params, sort_keys=False))
         out = repo / f"results/train-{n}"
         args = ["train", "--params", str(path), "--data", "data/prepared", "--out", str(out.relative_to(repo))]
-        wall_s, proc = _scalelab(args, repo, env)
-        if proc.returncode != 0:
-            raise RuntimeError(f"scalelab train ({n} steps) exited {proc.returncode}: {_tail(proc)}")
-        train_s.append(wall_s)
+        start = time.perf_counter()
+        pipeline.scalelab(*args, cwd=repo, env=env)
+        train_s.append(time.perf_counter() - start)
         steps.append(json.loads((out / RESOLVED_FILE).read_text())["plan"]["total_steps"])
         run_id = json.loads((out / RUN_FILE).read_text())["run_id"]
-        wall_s, proc = _scalelab(["reproduce", run_id, "--yes"], repo, env)
-        if proc.returncode not in (0, 1):  # 1: ran, but a figure differed (still a timing)
-            raise RuntimeError(f"scalelab reproduce ({n} steps) exited {proc.returncode}: {_tail(proc)}")
-        reproduce_s.append(wall_s)
+        start = time.perf_counter()
+        proc = pipeline.scalelab("reproduce", run_id, "--yes", cwd=repo, env=env, ok=(0, 1))  # 1: a figure differed
+        reproduce_s.append(time.perf_counter() - start)
         matched.append(proc.returncode == 0)
     return {"reproduce_s": reproduce_s, "train_s": train_s, "steps": steps, "matched": matched}
 
@@ -243,11 +193,8 @@ def from_files(out: Path) -> dict[str, Any]:
         curves["prepare_peak_memory_vs_csv_rows"] = {**peak, "peak_rss_mb": rows["prepare_peak_mb"]}
     from scalelab.bench.checkpoint import ARMS
 
-    full = sorted(
-        (r["parameters"], r)
-        for r in read("checkpoint.json").get("rows", [])
-        if r["strategy"] == ARMS[0] and r["world_size"] == 1
-    )  # noqa: E501
+    rows = read("checkpoint.json").get("rows", [])  # ddp's full state at one rank
+    full = sorted((r["parameters"], r) for r in rows if r["strategy"] == ARMS[0] and r["world_size"] == 1)
     if len(full) > 1:
         curves["checkpoint_save_vs_parameters"] = fit([p for p, _ in full], [r["save_s"] for _, r in full])
         curves["checkpoint_load_vs_parameters"] = fit([p for p, _ in full], [r["load_s"] for _, r in full])
@@ -258,7 +205,6 @@ SOURCES = {"tracking": "tracking", "prepare": "data", "checkpoint": "checkpoint"
 
 
 def measure(ctx: harness.Context) -> dict[str, Any]:
-    """The two whole-command curves, measured, beside the others' curves; a line per curve."""
     args = ctx.args
     curves = from_files(ctx.out)
     study = study_costs(args.cells, ctx.work)
@@ -281,22 +227,16 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
             not_measured[name] = f"not measured: run `scalelab bench {source}` into this folder first"
             ctx.figure(f"scaling_{name}", not_measured[name], None, GOAL)
             continue
-        text = (
-            f"log-log slope {curve['slope']:.2f} ({curve['growth']}) over {curve['sizes'][0]:g}..{curve['sizes'][-1]:g}"  # noqa: E501
-        )
+        sizes = curve["sizes"]
+        text = f"log-log slope {curve['slope']:.2f} ({curve['growth']}) over {sizes[0]:g}..{sizes[-1]:g}"
         ctx.figure(f"scaling_{name}", text + (f"; {curve['note']}" if "note" in curve else ""), curve["slope"], GOAL)
     result = {"linear_band": list(LINEAR_BAND), "curves": curves, "plot": PLOT_FILE}
     result["units"] = {k: {"size": v[0], "cost": v[1]} for k, v in UNITS.items()}
     return result | ({"not_measured": not_measured} if not_measured else {})
 
 
-BENCH = harness.Benchmark(
-    "scaling",
-    "scaling.json",
-    METHOD,
-    measure,
-    options=(
-        opt("--cells", [1, 2, 4, 8], "study sizes (cells)"),
-        opt("--run-steps", [10, 100, 1000], "reproduce: training steps (x10)"),
-    ),
+OPTIONS = (
+    opt("--cells", [1, 2, 4, 8], "study sizes (cells)"),
+    opt("--run-steps", [10, 100, 1000], "reproduce: training steps (x10)"),
 )
+BENCH = harness.Benchmark("scaling", "scaling.json", METHOD, measure, OPTIONS)

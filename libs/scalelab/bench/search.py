@@ -1,9 +1,4 @@
-"""Search methods on one budget: TPE with median pruning, random and grid, best objective and compute.
-
-    scalelab bench search --out results/bench     # -> results/bench/search.json
-
-The method is METHOD below; the JSON file carries it.
-"""
+"""Search methods on one budget: TPE with median pruning, random and grid, best objective and compute."""
 
 from __future__ import annotations
 
@@ -23,14 +18,13 @@ from scalelab.runtime.paths import PACKAGE_ROOT
 
 METHOD = """\
 Each arm is one `scalelab sweep submit` on this machine (`sweep.launcher: local`, `--parallel`
-workers, the journal storage), in its own temporary folder with its own MLflow store, on the
-repository's params.yaml shrunk to a tiny digits MLP (sgd, `--epochs` epochs, one validation per
-epoch, single process). The objective is val_loss:min, the space the learning rate (log scale,
-1e-4 to 1) and the hidden width (16 or 64). Arms: `tpe` with `--pruner median`, `random` without
-pruning, and `grid` over 6 log-spaced learning rates x 2 widths; every arm has the same budget of
-`--trials` trials (the grid's size). Reported per arm: the best val_loss any trial reached, the
-compute spent (the training steps the trials actually ran, pruned ones up to their stop), the
-trial states and the wall time. `--repeats` repeats every arm with another seed (train.seed).
+workers, journal storage) in its own temporary folder and MLflow store, on params.yaml shrunk to a
+tiny digits MLP (sgd, `--epochs` epochs, one validation per epoch, one process). Objective
+val_loss:min over the learning rate (log, 1e-4 to 1) and the hidden width (16 or 64). Arms: `tpe`
+with `--pruner median`, `random` without pruning, `grid` over 6 log-spaced rates x 2 widths; the
+same budget of `--trials` trials (the grid's size). Per arm: the best val_loss any trial reached,
+the compute spent (training steps the trials ran, pruned ones up to their stop), trial states and
+wall time. `--repeats` repeats every arm with another train.seed.
 """
 OUT_FILE = "search.json"
 GRID_LRS = [1e-4, 6.3e-4, 4e-3, 0.025, 0.16, 1.0]
@@ -74,19 +68,12 @@ def run_arm(work: Path, name: str, args: Any, seed: int, data: Path) -> dict[str
     rows = pd.read_csv(folder / "results/sweeps/b/summary.csv")
     finished = rows.value[rows.state == "finished"]  # a pruned trial's value is where it stopped, not a result
     values = [v for v in finished if isinstance(v, float) and math.isfinite(v)]
-    return {
-        "arm": name,
-        "seed": seed,
-        "best_val_loss": min(values) if values else None,
-        "compute_steps": int(rows.steps.fillna(0).sum()),
-        "trials": len(rows),
-        "states": rows.state.value_counts().to_dict(),
-        "wall_s": wall_s,
-    }
+    best = min(values) if values else None
+    run = {"arm": name, "seed": seed, "best_val_loss": best, "compute_steps": int(rows.steps.fillna(0).sum())}
+    return run | {"trials": len(rows), "states": rows.state.value_counts().to_dict(), "wall_s": wall_s}
 
 
 def measure(ctx: harness.Context) -> dict[str, Any]:
-    """Runs every arm (each seed in turn), then compares TPE with random on their medians."""
     from scalelab.config import DataConfig, build
     from scalelab.data.prepare import prepare
 
@@ -107,13 +94,9 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
     # TPE's loss over random's (goal <= 1), and only with fewer steps
     ratio = tpe["best_val_loss_median"] / rnd["best_val_loss_median"] if measured else None
     fewer = tpe["compute_steps_median"] < rnd["compute_steps_median"]
-    loss = {
-        name: "none" if a["best_val_loss_median"] is None else f"{a['best_val_loss_median']:.4f}"
-        for name, a in arms.items()
-    }
-    figure = "; ".join(
-        f"{name} best val_loss {loss[name]} in {a['compute_steps_median']:.0f} steps" for name, a in arms.items()
-    )
+    best = {n: a["best_val_loss_median"] for n, a in arms.items()}
+    loss = {n: "none" if b is None else f"{b:.4f}" for n, b in best.items()}
+    figure = "; ".join(f"{n} best val_loss {loss[n]} in {a['compute_steps_median']:.0f} steps" for n, a in arms.items())
     ctx.figure("search", figure, ratio, GOAL, also=fewer)
     return {
         "trials": args.trials, "parallel": args.parallel, "epochs": args.epochs, "repeats": args.repeats,
@@ -121,17 +104,11 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
     }  # fmt: skip
 
 
-BENCH = harness.Benchmark(
-    "search",
-    "search.json",
-    METHOD,
-    measure,
-    scratch_outside=True,
-    options=(
-        opt("--repo", str(PACKAGE_ROOT), "the repository whose params.yaml is shrunk"),
-        opt("--trials", len(GRID_LRS) * 2, "the budget of every arm"),
-        opt("--parallel", 2, "local workers of every arm"),
-        opt("--epochs", 4, "train.epochs of every trial"),
-        opt("--repeats", 1, "seeds per arm"),
-    ),
+OPTIONS = (
+    opt("--repo", str(PACKAGE_ROOT), "the repository whose params.yaml is shrunk"),
+    opt("--trials", len(GRID_LRS) * 2, "the budget of every arm"),
+    opt("--parallel", 2, "local workers of every arm"),
+    opt("--epochs", 4, "train.epochs of every trial"),
+    opt("--repeats", 1, "seeds per arm"),
 )
+BENCH = harness.Benchmark("search", "search.json", METHOD, measure, OPTIONS, scratch_outside=True)

@@ -1,10 +1,6 @@
-"""Start-up and fixed costs of `scalelab train`: where the time before the first step and after
-the last one goes.
-
-    scalelab bench startup --out results/bench       # -> results/bench/startup.json
-
-The method is METHOD below; the JSON file carries it.
-"""
+"""Start-up and fixed costs of `scalelab train` (where the time before the first step and after the
+last goes), and the same job by hand: `benchmarks/handwritten_ddp.py` under torchrun, in
+interleaved pairs; defined for the default job only (mlp, ddp, digits), else "not measured"."""
 
 from __future__ import annotations
 
@@ -12,55 +8,45 @@ import hashlib
 import json
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from scalelab.bench import handwritten, harness, pipeline
+from scalelab.bench import harness, pipeline, stats
 from scalelab.bench.harness import Goal, opt
 from scalelab.config import DataConfig, build, strategies
 from scalelab.data.prepare import prepare
 from scalelab.launch.local import worker_command
-from scalelab.runtime.paths import repo_root
+from scalelab.runtime.paths import PACKAGE_ROOT, repo_root
 from scalelab.runtime.timings import ENV as TIMINGS_ENV
 
 METHOD = """\
-`scalelab train` runs `--repeats` times as a fresh process from the repository root, on the given
+`scalelab train` runs `--repeats` times as a fresh process from the repository root on the given
 params (data prepared once, untimed), each into a fresh folder, with SCALELAB_TIMINGS set: the
-launcher and every rank append a timestamp at each phase boundary (scalelab.runtime.timings.mark).
-The MLflow store is a SQLite file whose schema is made before the first run. Phases (rank 0,
-median over repeats, s): before the first step `python_and_cli`, `launcher_imports`,
-`plan_and_torchrun_start`, `worker_imports`, `rendezvous`, `run_creation`, `monitor_start`,
-`data_load`, `model_build`, `first_step`; after the last `outputs`, `monitor_stop`, `final_flush`,
-`worker_exit_and_teardown`, `launcher_exit`. Fixed cost is wall time less the steps. An older
-startup.json's figures from another commit move to `previous`. `vs_handwritten`: each repeat
-pairs `scalelab train` with benchmarks/handwritten_ddp.py (the same job by hand), the order
-alternating; ratios of wall time and of time to rank 0's first step, median over pairs with a
-paired bootstrap 95% interval; goals 1.10 and 1.5. Busy pairs are retried or dropped (study.busy).
+launcher and every rank append a timestamp at each phase boundary (runtime.timings.mark); the
+SQLite MLflow store's schema is made before the first run. Phases (rank 0, median over repeats,
+s): from one mark to the next (BEFORE and AFTER in bench/startup.py). Fixed cost: wall time less
+the steps; an older startup.json's figures from another commit move to `previous`.
+`vs_handwritten`: each repeat pairs it with benchmarks/handwritten_ddp.py, the order alternating:
+ratios of wall time and of time to rank 0's first step, median over pairs with a paired bootstrap
+95% interval. Busy pairs are retried or dropped (study.busy).
 """
 OUT_FILE = "startup.json"
 GOAL = Goal("<", 0.40, "< 40% of previous")  # fixed costs against the previous figures (issue 11)
-BEFORE = [  # (phase, from mark, to mark); "start" is the process start, seen by this benchmark
-    ("python_and_cli", "start", "launcher_cli"),
-    ("launcher_imports", "launcher_cli", "launcher_imported"),
-    ("plan_and_torchrun_start", "launcher_imported", "worker_cli"),
-    ("worker_imports", "worker_cli", "worker_imported"),
-    ("rendezvous", "worker_imported", "process_group"),
-    ("run_creation", "process_group", "run_created"),
-    ("monitor_start", "run_created", "monitor_started"),
-    ("data_load", "monitor_started", "data_loaded"),
-    ("model_build", "data_loaded", "model_built"),
-    ("first_step", "model_built", "first_step"),
-]
-AFTER = [
-    ("outputs", "last_step", "outputs_written"),
-    ("monitor_stop", "outputs_written", "final_flush"),
-    ("final_flush", "final_flush", "finished"),
-    ("worker_exit_and_teardown", "finished", "launcher_done"),
-    ("launcher_exit", "launcher_done", "end"),
-]
+# each phase runs from its mark to the next (rank 0's marks; "start": the process start, seen here)
+MARKS_BEFORE = ["start", "launcher_cli", "launcher_imported", "worker_cli", "worker_imported", "process_group"]
+MARKS_BEFORE += ["run_created", "monitor_started", "data_loaded", "model_built", "first_step"]
+PHASES = ["python_and_cli", "launcher_imports", "plan_and_torchrun_start", "worker_imports", "rendezvous"]
+PHASES += ["run_creation", "monitor_start", "data_load", "model_build", "first_step"]
+BEFORE = list(zip(PHASES, MARKS_BEFORE, MARKS_BEFORE[1:]))  # (phase, from mark, to mark)
+MARKS_AFTER = ["last_step", "outputs_written", "final_flush", "finished", "launcher_done", "end"]
+PHASES = ["outputs", "monitor_stop", "final_flush", "worker_exit_and_teardown", "launcher_exit"]
+AFTER = list(zip(PHASES, MARKS_AFTER, MARKS_AFTER[1:]))
+SCRIPT = PACKAGE_ROOT / "benchmarks" / "handwritten_ddp.py"
+GOALS = {"wall": Goal("<=", 1.10, "<= 1.10"), "first_step": Goal("<=", 1.5, "<= 1.50")}  # scalelab / by hand
 
 
 def _params(args: Any, folder: Path) -> Path:
@@ -77,8 +63,7 @@ def _params(args: Any, folder: Path) -> Path:
 
 
 def one_run(params: Path, data: Path, out: Path, env: dict[str, str]) -> dict[str, float]:
-    """Runs `scalelab train` once; returns mark -> seconds since the process start (rank 0), and
-    `steps_trained`."""
+    """One `scalelab train`: mark -> seconds since the process start (rank 0), and `steps_trained`."""
     marks_file = out.with_suffix(".jsonl")
     env = {**env, TIMINGS_ENV: str(marks_file)}
     start = time.time()
@@ -116,8 +101,7 @@ def phases(marks: dict[str, float]) -> dict[str, float]:
 
 
 def measure_runs(ctx: harness.Context) -> tuple[list[dict], list[dict], str, Any]:
-    """Prepares the data once, then takes `--repeats` pairs: `scalelab train` and the hand-written
-    script where it applies, the order alternating (busy pairs retried or dropped); returns each
+    """Pairs of `scalelab train` and the script (where it applies), the order alternating: each
     train run's marks, each script run's figures, why there are none, and the Repeats."""
     args, work = ctx.args, ctx.work
     params = _params(args, work)
@@ -127,13 +111,14 @@ def measure_runs(ctx: harness.Context) -> tuple[list[dict], list[dict], str, Any
     prepare(build(DataConfig, tree["data"]), data)  # not timed
     script, reason = (None, "tracking is off")
     if tree["tracking"]["enabled"]:
-        script, reason = handwritten.command(tree, work / "handwritten-train.pt")
+        script, reason = command(tree, work / "handwritten-train.pt")
     if script is not None:
-        handwritten.training_split(tree, work / "handwritten-train.pt")  # not timed, as `prepare` is not
-    script_env, threads = handwritten.environment(env), tree["train"]["threads_per_process"]
+        training_split(tree, work / "handwritten-train.pt")  # not timed, as `prepare` is not
+    script_env = {k: v for k, v in env.items() if k != TIMINGS_ENV} | {"PYTHONUNBUFFERED": "1"}
+    threads = tree["train"]["threads_per_process"]
     arms = {
         "scalelab": lambda i: one_run(params, data, work / f"train-{i}", env),
-        "handwritten": lambda i: handwritten.run_once(script, work, script_env, threads),
+        "handwritten": lambda i: run_once(script, work, script_env, threads),
     }
     names = ["scalelab", "handwritten"] if script is not None else ["scalelab"]
     reps = harness.take_repeats(lambda i: {n: arms[n](i) for n in (names if i % 2 == 0 else names[::-1])}, ctx.policy())
@@ -176,12 +161,11 @@ def _previous(out_dir: Path) -> dict | None:
 
 
 def measure(ctx: harness.Context) -> dict[str, Any]:
-    """startup.json's figures and its summary lines."""
     runs, script_runs, reason, reps = measure_runs(ctx)
     result = {**summarize(runs, ctx.args, _previous(ctx.out)), **reps.json()}
     ours = [{"wall": m["end"], "first_step": m["first_step"], "steps": m["steps_trained"]} for m in runs]
-    result["vs_handwritten"] = handwritten.compare(ours, script_runs) if script_runs else {"not_measured": reason}
-    handwritten.figures(ctx, result["vs_handwritten"] if script_runs else None, reason, reps.dropped)
+    result["vs_handwritten"] = compare(ours, script_runs) if script_runs else {"not_measured": reason}
+    figures(ctx, result["vs_handwritten"] if script_runs else None, reason, reps.dropped)
     med, prev, big = result["current"]["median_s"], result["previous"], result["largest_fixed_cost"]
     text = (
         f"fixed cost {med['fixed']:.2f} s of {med['wall']:.2f} s wall ({med['to_first_step']:.2f} s to the first "
@@ -192,16 +176,92 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
     return result
 
 
-BENCH = harness.Benchmark(
-    "startup",
-    "startup.json",
-    METHOD,
-    measure,
-    options=(
-        opt("--params", "params.yaml", "the params to train with"),
-        opt("--repeats", 3, "timed runs of scalelab train, each paired with the hand-written script's"),
-        opt("--epochs", 0, "override train.epochs (0: keep)"),
-        opt("--strategy", "", "override train.strategy (empty: keep)"),
-        opt("--no-tracking", False, "tracking.enabled: false (tests)"),
-    ),
+OPTIONS = (
+    opt("--params", "params.yaml", "the params to train with"),
+    opt("--repeats", 3, "timed runs of scalelab train, each paired with the hand-written script's"),
+    opt("--epochs", 0, "override train.epochs (0: keep)"),
+    opt("--strategy", "", "override train.strategy (empty: keep)"),
+    opt("--no-tracking", False, "tracking.enabled: false (tests)"),
 )
+
+
+def training_split(params: dict[str, Any], path: Path) -> Path:
+    """The script's data: digits split as `prepare` splits them, one tensor file."""
+    import torch
+    from sklearn.datasets import load_digits
+
+    data = params["data"]
+    x, y = load_digits(return_X_y=True)
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(data.get("seed", 0)))
+    held_out = round(data.get("test_fraction", 0.2) * len(x)) + round(data.get("val_fraction", 0.1) * len(x))
+    train = order[: len(x) - held_out]
+    torch.save({"x": torch.tensor(x[train] / 16.0, dtype=torch.float32), "y": torch.tensor(y[train])}, path)
+    return path
+
+
+def command(params: dict[str, Any], split: Path) -> tuple[list[str] | None, str]:
+    """The torchrun command for the params' train section, or (None, why it does not apply)."""
+    train = params["train"]
+    wanted = {"workload": "mlp", "launcher": "local", "grad_accum_steps": 1, "num_nodes": 1}
+    off = {k: train.get(k) for k, v in wanted.items() if train.get(k, v) != v}
+    kind = strategies.get(train.get("strategy", "ddp"))
+    if not kind.distributed or kind.sharded:  # the script wraps the model in DDP
+        off["strategy"] = train.get("strategy")
+    if params["data"].get("source", "digits") != "digits":
+        off["data.source"] = params["data"]["source"]
+    if off or train.get("optimizer", "adamw") != "adamw" or train.get("precision", "fp32") != "fp32":
+        return None, f"the hand-written script is the default job (mlp, ddp, digits, adamw, fp32); these differ: {off}"
+    model = train.get("model", {})
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={train['nproc_per_node']}"]
+    cmd += [str(SCRIPT), f"--data={split}", f"--epochs={train['epochs']}", f"--batch-size={train['batch_size']}"]
+    cmd += [f"--lr={train['lr']}", f"--dropout={model.get('dropout', 0.1)}", "--hidden"]
+    return cmd + [str(h) for h in model.get("hidden", [256, 256])], ""  # plain torchrun, as its user types it
+
+
+def run_once(cmd: list[str], cwd: Path, env: dict[str, str], threads: int) -> dict[str, float]:
+    """One run of the script: wall time and time to its first step, in seconds from the start."""
+    start = time.time()
+    proc = subprocess.run(cmd, cwd=cwd, env={**env, "OMP_NUM_THREADS": str(threads)}, capture_output=True, text=True)
+    end = time.time()
+    if proc.returncode != 0:
+        raise RuntimeError(f"the hand-written script exited with {proc.returncode}: {proc.stderr[-2000:]}")
+    said = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if line.startswith(("first_step_at", "steps")))
+    return {"wall": end - start, "first_step": float(said["first_step_at"]) - start, "steps": int(said["steps"])}
+
+
+def compare(ours: list[dict[str, float]], handwritten: list[dict[str, float]]) -> dict[str, Any]:
+    """scalelab / hand-written for each figure, paired by repeat (RuntimeError: not the same steps)."""
+    steps = {int(r["steps"]) for r in ours + handwritten}
+    if len(steps) != 1:
+        raise RuntimeError(f"scalelab train and the hand-written script ran {sorted(steps)} steps: not the same job")
+    out: dict[str, Any] = {"script": str(SCRIPT.relative_to(PACKAGE_ROOT)), "steps": steps.pop()}
+    out["goals"] = {figure: goal.target for figure, goal in GOALS.items()}
+    for figure, goal in GOALS.items():
+        mine, theirs = [o[figure] for o in ours], [h[figure] for h in handwritten]
+        ratio = stats.ratio_figures(mine, theirs)
+        out[figure] = {**ratio, "scalelab_s": mine, "handwritten_s": theirs, "met": goal.met(ratio["median_ratio"])}
+    return out
+
+
+def figures(ctx: Any, result: dict[str, Any] | None, reason: str, dropped: list) -> None:
+    for figure, goal in GOALS.items():
+        name = f"startup_vs_handwritten_{figure}"
+        if result is None:
+            ctx.figure(name, f"not measured: {reason}", None, goal)
+            continue
+        fig = result[figure]
+        pairs = f"; medians {stats.median(fig['scalelab_s']):.2f} s vs {stats.median(fig['handwritten_s']):.2f} s"
+        pairs += f" over {len(fig['scalelab_s'])} interleaved pairs"
+        text = f"scalelab train / hand-written torchrun script {figure.replace('_', ' ')} "
+        text += stats.ratio_text(fig, inner=pairs)
+        ctx.figure(name, text, fig["median_ratio"], goal, dropped=dropped)
+
+
+OPTIONS = (
+    opt("--params", "params.yaml", "the params to train with"),
+    opt("--repeats", 3, "timed runs of scalelab train, each paired with the hand-written script's"),
+    opt("--epochs", 0, "override train.epochs (0: keep)"),
+    opt("--strategy", "", "override train.strategy (empty: keep)"),
+    opt("--no-tracking", False, "tracking.enabled: false (tests)"),
+)
+BENCH = harness.Benchmark("startup", "startup.json", METHOD, measure, OPTIONS)

@@ -1,11 +1,6 @@
-"""The benchmarks' figures: medians, paired ratios with a bootstrap interval, and summary.md, where
-every figure has one line with its goal and a verdict computed from the value against the goal.
-
-Paired arms run interleaved, one pair per repeat. A ratio figure is the median over repeats of
-arm / reference, with a 95% interval from resampling whole repeats (scalelab.study.bootstrap, the
-study's bootstrap, from its fixed seed: the same repeats always give the same interval).
-
-    - parity_single: engine/plain step time 1.004 (95% CI 0.991-1.013); goal <= 1.01: met
+"""The benchmarks' figures: medians, paired ratios with a bootstrap 95% interval (the study's,
+resampling whole repeats from a fixed seed), and summary.md: one line per figure with its goal and
+a verdict computed from the value, e.g. `- parity_single: ... 1.004 (95% CI 0.991-1.013); goal <= 1.01: met`.
 """
 
 from __future__ import annotations
@@ -29,8 +24,7 @@ OPS = {"<=": operator.le, "<": operator.lt, ">=": operator.ge, "is": operator.eq
 
 @dataclass(frozen=True)
 class Goal:
-    """What a figure should be: `value OP target`; "contains": the value is an interval (low,
-    high) that holds the target; "none": a figure reported without a goal of its own."""
+    """`value OP target`; "contains": the value is an interval holding the target; "none": no goal."""
 
     op: str
     target: Any = None
@@ -49,33 +43,27 @@ class Goal:
 
 
 def machine() -> dict[str, object]:
-    """Where a benchmark ran, for its JSON: cores, the 1-minute load, host and CPU model."""
+    """Where a benchmark ran: cores, the 1-minute load, host and CPU model."""
     from scalelab.tracking import provenance
 
-    return {
-        "cpu_cores": os.cpu_count(),
-        "loadavg_1m": os.getloadavg()[0],
-        "host": socket.gethostname(),
-        "cpu": provenance.cpu_model(),
-    }
+    cpu = provenance.cpu_model()
+    return {"cpu_cores": os.cpu_count(), "loadavg_1m": os.getloadavg()[0], "host": socket.gethostname(), "cpu": cpu}
 
 
 def median(values: Sequence[float]) -> float:
-    """The median of a non-empty sequence (ValueError when empty)."""
     if not values:
         raise ValueError("median of no values")
     return float(statistics.median(values))
 
 
 def paired_ratios(arm: Sequence[float], reference: Sequence[float]) -> list[float]:
-    """arm[i] / reference[i] for each repeat i; the two must pair up (same length)."""
+    """arm[i] / reference[i] for each repeat i (equal, non-zero lengths)."""
     if len(arm) != len(reference) or not arm:
         raise ValueError(f"paired repeats need equal, non-zero lengths: {len(arm)} and {len(reference)}")
     return [a / r for a, r in zip(arm, reference)]
 
 
 def median_ratio(arm: Sequence[float], reference: Sequence[float]) -> float:
-    """The median over repeats of arm / reference, each pair taken from the same repeat."""
     return median(paired_ratios(arm, reference))
 
 
@@ -87,32 +75,31 @@ def bootstrap_ci(arm: Sequence[float], reference: Sequence[float]) -> tuple[floa
 
 def ratio_figures(arm: Sequence[float], reference: Sequence[float]) -> dict[str, object]:
     """The JSON block of a paired comparison: ratio, its interval and every repeat's ratio."""
-    low, high = bootstrap_ci(arm, reference)
     return {
         "median_ratio": median_ratio(arm, reference),
-        "ci95": [low, high],
+        "ci95": list(bootstrap_ci(arm, reference)),
         "repeat_ratios": paired_ratios(arm, reference),
         "bootstrap": {"resamples": bootstrap.RESAMPLES, "seed": bootstrap.SEED, "unit": "repeat (pair)"},
     }
 
 
-def write_figure(out_dir: Path, name: str, text: str, value: Any, goal: Goal, also: bool = True) -> str:
-    """Puts figure `name`'s line, its verdict `goal.met(value, also)`, into `<out_dir>/summary.md`
-    (replacing its old line, keeping the others); returns the line.
+def ratio_text(ratio: dict[str, Any], digits: int = 3, pct: bool = False, inner: str = "") -> str:
+    """`1.004 (95% CI 0.991-1.013{inner})`; with `pct`, `+0.40% (95% CI -0.90% to +1.30%)`."""
+    (low, high), med = ratio["ci95"], ratio["median_ratio"]
+    if pct:
+        return f"{100 * (med - 1):+.2f}% (95% CI {100 * (low - 1):+.2f}% to {100 * (high - 1):+.2f}%{inner})"
+    return f"{med:.{digits}f} (95% CI {low:.{digits}f}-{high:.{digits}f}{inner})"
 
-    Args:
-        out_dir: the benchmark output folder (results/bench).
-        name: the figure's name, unique across benchmarks (e.g. "parity_ddp").
-        text: the measured figure with its units; value: what the goal judges (None: not measured).
-        also: a further condition of the verdict (e.g. bitwise identical weights).
-    """
+
+def write_figure(out_dir: Path, name: str, text: str, value: Any, goal: Goal, also: bool = True) -> str:
+    """Puts figure `name`'s line (verdict `goal.met(value, also)`) into `<out_dir>/summary.md`,
+    replacing its old line and keeping the others; returns the line."""
     if not name or any(c in name for c in ":\n") or "\n" in text + str(goal):
         raise ValueError(f"summary line needs a name without ':' and single-line texts: {name!r}")
     met = goal.met(value, also)
     line = f"- {name}: {text}; goal {goal}: {'not measured' if met is None else 'met' if met else 'not met'}"
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    path = Path(out_dir) / SUMMARY_FILE
-    prefix = f"- {name}: "
+    path, prefix = Path(out_dir) / SUMMARY_FILE, f"- {name}: "
     lines = path.read_text().splitlines() if path.exists() else []  # benchmarks run one at a time
     if any(old.startswith(prefix) for old in lines):
         lines = [line if old.startswith(prefix) else old for old in lines]

@@ -1,10 +1,5 @@
 """Moving outputs and checkpoints through the store: `dvc push`/`dvc pull` and a sharded checkpoint
-against a plain S3 client moving the same bytes to the same server.
-
-    scalelab bench store --out results/bench     # -> results/bench/store.json
-
-The method is METHOD below; the JSON file carries it.
-"""
+against a plain S3 client moving the same bytes to the same server."""
 
 from __future__ import annotations
 
@@ -13,41 +8,30 @@ import os
 import shutil
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from scalelab.bench import harness, stats
-from scalelab.bench.harness import Goal, opt
+from scalelab.bench import harness, pipeline, stats
+from scalelab.bench.harness import Goal, opt, timed
 from scalelab.runtime.io import file_digests
 from scalelab.storage import server, write_remote
 
 METHOD = """\
-A real S3 server on this machine (`rclone serve s3` over a temporary folder, as `make store`
-starts it) and a temporary git + DVC repository whose default remote is that server. For each
-size in `--sizes-mb`, one file of random bytes is `dvc add`ed (hashing is not timed). The arms are
-interleaved: in every round, for every size, `dvc push` of the file (DVC's Python API in this
-process, into a prefix of its own so that every push uploads) is paired with boto3's
-`upload_file` of the same file, and `dvc pull` (the file and its object in the DVC cache removed first) with
-boto3's `download_file`; which arm goes first alternates by round; busy rounds are retried or
-dropped (study.busy). The checkpoint pair: a state
-dict of `--checkpoint-mb` of float32 tensors written with torch.distributed.checkpoint's fsspec
-writer to the store (one process, as scalelab's checkpointer writes a rank's shards) and read back
-with its fsspec reader, against boto3 uploading and downloading the files that DCP writes for that
-state (saved once to a local folder). Figure: the median over rounds of arm / plain, with the
-bootstrap 95% interval over rounds (scalelab.bench.stats); every pulled or loaded byte is checked.
+A real S3 server on this machine (`rclone serve s3` over a temporary folder, as `make store` starts
+it) and a temporary git + DVC repository whose default remote it is. Per size in `--sizes-mb`, one
+file of random bytes is `dvc add`ed (untimed). Arms interleaved: in every round, for every size,
+`dvc push` (DVC's Python API, into a prefix of its own so that every push uploads) is paired with
+boto3's `upload_file`, and `dvc pull` (the file and its cache object removed first) with boto3's
+`download_file`; the first arm alternates by round; busy rounds are retried or dropped. The
+checkpoint pair: a `--checkpoint-mb` state dict of float32 tensors saved with DCP's fsspec writer
+to the store (one process) and loaded with its reader, against boto3 moving the files DCP writes
+(saved once locally). Figure: median over rounds of arm / plain, bootstrap 95% interval over
+rounds; every pulled or loaded byte is checked.
 """
 OUT_FILE = "store.json"
 GOAL = Goal("<=", 1.2)
 PORT_RETRIES = 5
-
-
-def timed(work: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    work()
-    return time.perf_counter() - start
 
 
 def md5_of(path: Path) -> str:
@@ -69,21 +53,14 @@ class Bench:
         self.work = work
         self.server = start_server(work / "server")
         self.store = self.server.store()
-        self.s3 = boto3.client(
-            "s3",
-            endpoint_url=self.server.endpoint,
-            aws_access_key_id=self.server.access_key_id,
-            aws_secret_access_key=self.server.secret_access_key,
-            region_name="us-east-1",
-        )
+        keys = {"aws_access_key_id": self.server.access_key_id, "aws_secret_access_key": self.server.secret_access_key}
+        self.s3 = boto3.client("s3", endpoint_url=self.server.endpoint, region_name="us-east-1", **keys)
         self.repo = work / "repo"
         self.repo.mkdir()
-        git = ["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost"]
-        subprocess.run([*git, "init", "-q"], cwd=self.repo, check=True)
-        dvc = str(Path(sys.executable).parent / "dvc")
-        subprocess.run([dvc, "init", "-q"], cwd=self.repo, check=True)
-        subprocess.run([dvc, "config", "core.analytics", "false"], cwd=self.repo, check=True)
-        self.dvc = dvc
+        pipeline.git(self.repo, "init", "-q")
+        self.dvc = str(Path(sys.executable).parent / "dvc")
+        subprocess.run([self.dvc, "init", "-q"], cwd=self.repo, check=True)
+        subprocess.run([self.dvc, "config", "core.analytics", "false"], cwd=self.repo, check=True)
 
     def close(self) -> None:
         server.stop(self.server.base)
@@ -102,7 +79,7 @@ class Bench:
 
         self._remote(prefix)
         with Repo(str(self.repo)) as repo:
-            return timed(lambda: repo.push(targets=[f"{path}.dvc"]))
+            return timed(repo.push, targets=[f"{path}.dvc"])
 
     def dvc_pull(self, path: Path, prefix: str, md5: str) -> float:
         from dvc.repo import Repo
@@ -111,16 +88,16 @@ class Bench:
         (self.repo / ".dvc" / "cache" / "files" / "md5" / md5[:2] / md5[2:]).unlink()  # pulled from the store
         path.unlink()
         with Repo(str(self.repo)) as repo:
-            took = timed(lambda: repo.pull(targets=[f"{path}.dvc"]))
+            took = timed(repo.pull, targets=[f"{path}.dvc"])
         if md5_of(path) != md5:
             raise RuntimeError(f"dvc pull of {path.name} from {prefix} gave other bytes")
         return took
 
     def plain_push(self, path: Path, key: str) -> float:
-        return timed(lambda: self.s3.upload_file(str(path), self.server.bucket, key))
+        return timed(self.s3.upload_file, str(path), self.server.bucket, key)
 
     def plain_pull(self, key: str, dest: Path, md5: str) -> float:
-        took = timed(lambda: self.s3.download_file(self.server.bucket, key, str(dest)))
+        took = timed(self.s3.download_file, self.server.bucket, key, str(dest))
         if md5_of(dest) != md5:
             raise RuntimeError(f"boto3 download of {key} gave other bytes")
         dest.unlink()
@@ -179,8 +156,7 @@ def measure_pairs(args: Any, work: Path, policy: dict[str, Any]) -> tuple[dict[s
 
 
 class Checkpoint:
-    """A sharded checkpoint of `state` through DCP's fsspec writer/reader, and the same files
-    moved by boto3."""
+    """A sharded checkpoint of `state` through DCP's fsspec writer and reader, and its files by boto3."""
 
     def __init__(self, bench: Bench, state: dict[str, Any], work: Path) -> None:
         import torch.distributed.checkpoint as dcp
@@ -198,7 +174,7 @@ class Checkpoint:
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
         writer = FsspecWriter(self.url(r), **self.bench.store.options())
-        return timed(lambda: dcp.save(self.state, storage_writer=writer))
+        return timed(dcp.save, self.state, storage_writer=writer)
 
     def load(self, r: int) -> float:
         import torch
@@ -207,7 +183,7 @@ class Checkpoint:
 
         target = {"model": {k: torch.empty_like(v) for k, v in self.state["model"].items()}}
         reader = FsspecReader(self.url(r), **self.bench.store.options())
-        took = timed(lambda: dcp.load(target, storage_reader=reader))
+        took = timed(dcp.load, target, storage_reader=reader)
         if not all(torch.equal(target["model"][k], v) for k, v in self.state["model"].items()):
             raise RuntimeError(f"the checkpoint loaded from {self.url(r)} differs from the one saved")
         return took
@@ -230,16 +206,13 @@ class Checkpoint:
 
 
 def measure(ctx: harness.Context) -> dict[str, Any]:
-    """Measures in a temporary folder: store.json and one summary line per pair."""
     args = ctx.args
     rows, reps = measure_pairs(args, ctx.work, ctx.policy())
     figures = {}
     for name, row in rows.items():
         fig = figures[name] = {**row, **stats.ratio_figures(row["arm_s"], row["plain_s"])}
         fig["meets_goal"] = GOAL.met(fig["median_ratio"])
-        low, high = fig["ci95"]
-        ratio = f"{fig['median_ratio']:.2f} (95% CI {low:.2f}-{high:.2f})"
-        text = f"{name.replace('_', ' ')}: scalelab/plain S3 client {ratio}"
+        text = f"{name.replace('_', ' ')}: scalelab/plain S3 client {stats.ratio_text(fig, 2)}"
         ctx.figure(f"store_{name}", text, fig["median_ratio"], GOAL, dropped=reps.dropped)
     return {
         "sizes_mb": args.sizes_mb, "checkpoint_mb": args.checkpoint_mb, "repeats": args.repeats,
@@ -248,15 +221,9 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
     }  # fmt: skip
 
 
-BENCH = harness.Benchmark(
-    "store",
-    "store.json",
-    METHOD,
-    measure,
-    scratch_outside=True,
-    options=(
-        opt("--sizes-mb", [10, 100, 1000], "output sizes"),
-        opt("--checkpoint-mb", 100, "the sharded checkpoint's size"),
-        opt("--repeats", 3, "interleaved rounds"),
-    ),
+OPTIONS = (
+    opt("--sizes-mb", [10, 100, 1000], "output sizes"),
+    opt("--checkpoint-mb", 100, "the sharded checkpoint's size"),
+    opt("--repeats", 3, "interleaved rounds"),
 )
+BENCH = harness.Benchmark("store", "store.json", METHOD, measure, OPTIONS, scratch_outside=True)

@@ -1,19 +1,6 @@
-"""`scalelab bench`: benchmarks that write JSON figures under results/bench/.
-
-    scalelab bench tracking --out results/bench     # tracking overhead -> tracking_overhead.json
-    scalelab bench parity --out results/bench       # engine vs a hand-written loop -> parity.json
-    scalelab bench profiler --out results/bench     # train.profile on/off -> profiler_overhead.json
-    scalelab bench dvc --out results/bench          # no-op and incremental dvc repro -> dvc.json
-    scalelab bench loader --out results/bench       # waiting for data -> loader.json
-    scalelab bench mfu --out results/bench          # GPT-style workload's FLOP/s and MFU -> mfu.json
-    scalelab bench data --out results/bench         # prepare, start-up check, memory vs data size -> data.json
-    scalelab bench search --out results/bench       # tpe+pruning vs random vs grid, one budget -> search.json
-    scalelab bench store --out results/bench        # dvc push/pull, a checkpoint vs plain S3 -> store.json
-    scalelab bench all --out results/bench          # every benchmark with its defaults
-
-Each prints which benchmark runs and every figure's line as it lands: the line it puts into
-`<out>/summary.md`, with its goal and "met", "not met" or "not measured" (scalelab.bench.stats).
-`scalelab bench NAME --help` lists a benchmark's own options.
+"""`scalelab bench NAME --out results/bench`: a benchmark (MODULES) writes its JSON file and prints
+each figure's line as it puts it into `<out>/summary.md` (goal and verdict, bench/stats.py);
+`scalelab bench all` runs every one with its defaults; `scalelab bench NAME --help` lists its options.
 """
 
 from __future__ import annotations
@@ -48,8 +35,7 @@ def benchmark(name: str) -> harness.Benchmark:
     return importlib.import_module(f"scalelab.bench.{MODULES[name]}").BENCH
 
 
-def title(name: str) -> str:
-    """The first line of the benchmark's module docstring."""
+def title(name: str) -> str:  # the first line of the benchmark's module docstring
     return (importlib.import_module(f"scalelab.bench.{MODULES[name]}").__doc__ or "").split("\n")[0]
 
 
@@ -66,11 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Runs the chosen benchmark(s), each printing its figures' lines as they land.
-
-    Returns:
-        0; under `all`, 1 when a benchmark failed (the others still run; its error is printed).
-    """
+    """Runs the chosen benchmark(s); under `all`, 1 when one failed (the others still run)."""
     if args.name != "all":
         harness.run(benchmark(args.name), args, Path(args.out))
         return 0

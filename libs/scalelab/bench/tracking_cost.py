@@ -1,11 +1,5 @@
-"""What experiment tracking costs a training step: the same loop with tracking off and on; how the
-tracker's cost grows with the metrics logged a step; and what `StopFlag.everywhere` costs a DDP step.
-
-    scalelab bench tracking --out results/bench       # -> results/bench/tracking_overhead.json
-
-The StopFlag ranks run through the harness; one by hand, with a spec.json that it wrote:
-`torchrun --standalone --nproc-per-node 2 -m scalelab.cli bench-worker stopflag --spec SPEC.json --out OUT.json`.
-"""
+"""What experiment tracking costs a training step (off against on, and against the metrics logged
+a step), and what `StopFlag.everywhere` costs a DDP step (ranks: `bench-worker stopflag`)."""
 
 from __future__ import annotations
 
@@ -29,23 +23,17 @@ from scalelab.runtime.signals import StopFlag
 from scalelab.training.meter import Meter
 
 METHOD = """\
-One process, strategy `single`, Loop.step on the `mlp` workload, synthetic batches in memory,
-`--threads` threads, the batch calibrated to a ~`--target-step-ms` step. Five arms, interleaved in
-a rotating order in every repeat: `off` (the no-op tracker), `batched` (the MLflow tracker as
-training uses it at log_every_steps 1: metrics buffered, handed to the writer process every
-`--flush-every` steps), `off_default` and `batched_default` (the same at `--default-log-every`),
-and `sync` (one synchronous `MlflowClient.log_metric` per metric and step). A step's wall time
-covers the step, the metric window (a sync point) and the tracker calls; `in_thread` is the
-training thread's CPU in the tracker calls (`time.thread_time_ns`), its fraction of the `off`
-step the figure with the goal <= 1%. The A/B of each cadence is the median over repeats of
-batched/off with a bootstrap 95% interval; at the default cadence the goal is an interval that
-holds 1. The writers start once (`writer_start_s`); after each batched arm the bench waits for
-its writer to store everything (`batched_drain_ms`, outside the step times); `writer_cpu_ms_per_step`
-is the writer's CPU (psutil). Busy repeats are retried or dropped (study.busy). The store is a
-fresh SQLite mlflow.db. `metrics_per_step`: log_metrics with N metrics a step (`--metrics`),
-flush(wait=False) every 10 steps: the in-thread CPU and the time until stored, per step (scaling
-fits them). `stop_flag`: `--stop-procs` gloo ranks of ddp, arms `plain` and `stop_flag` (then
-StopFlag.everywhere every `--stop-every` steps, as SLURM jobs run it), interleaved; the cost is
+One process, strategy single, Loop.step on the mlp workload, synthetic batches, the batch calibrated
+to a ~`--target-step-ms` step. Arms interleaved in a rotating order each repeat: `off` (no-op
+tracker), `batched` (the MLflow tracker as training uses it, log_every_steps 1, handed to the writer
+process every `--flush-every` steps), `off_default`/`batched_default` (at `--default-log-every`),
+`sync` (one MlflowClient.log_metric per metric and step). `in_thread`: the training thread's CPU in
+the tracker calls (thread_time_ns), as a fraction of the `off` step (goal <= 1%). A/B: median over
+repeats of batched/off with a bootstrap 95% interval. Writers start once (`writer_start_s`); each
+batched arm's writer drains after it (`batched_drain_ms`, untimed); `writer_cpu_ms_per_step` by
+psutil. Busy repeats retried or dropped; a fresh SQLite store. `metrics_per_step`: N metrics a step,
+flush every 10 steps: in-thread CPU and time until stored per step. `stop_flag`: `--stop-procs` gloo
+ddp ranks, arms plain and stop_flag (StopFlag.everywhere every `--stop-every` steps) interleaved:
 the median of stop_flag/plain with its interval; `call_us` times the call alone.
 """
 ARMS = ("off", "batched", "off_default", "batched_default", "sync")
@@ -71,13 +59,13 @@ class SyncTracker(tracking.Tracker):
 
 
 class Bench:
-    """The loop, its batches, and `run`, which times steps with a tracker."""
+    """The mlp loop and its batches; `run` times steps with a tracker."""
 
     def __init__(self, rank: Any, batch_size: int) -> None:
         self.rank, self.batch_size, self.tracker_ns = rank, batch_size, []
 
     def run(self, tracker: Any, steps: int, flush_every: int, first_step: int = 1, log_every: int = 1) -> list[float]:
-        """Times `steps` steps with `tracker`, logging every `log_every`; returns seconds per step."""
+        """Seconds per step of `steps` steps with `tracker`, logging every `log_every`."""
         meter, loop, batches = Meter(0, self.batch_size), self.rank.loop, self.rank.batches
         times, self.tracker_ns = [], []
         for step in range(first_step, first_step + steps):
@@ -98,7 +86,7 @@ class Bench:
 
 
 def build_bench(args: Any) -> Bench:
-    """The `mlp` workload under strategy `single`, with its batch size calibrated."""
+    """The mlp workload under strategy single, its batch calibrated."""
     spec = {"workload": "mlp", "model": {"hidden": args.hidden, "dropout": 0.0}, "input_shape": [args.features]}
     spec |= {"num_classes": 10, "strategy": "single", "optim": {"name": "sgd", "lr": 1e-3}, "threads": args.threads}
     batch = args.batch_size
@@ -109,7 +97,7 @@ def build_bench(args: Any) -> Bench:
 
 
 def measure_arms(ctx: harness.Context, client: Any, exp: str) -> dict[str, Any]:
-    """The interleaved repeats; per-arm, per-repeat step times (s) and the trackers' figures."""
+    """The interleaved repeats: per arm and repeat, step times (s) and the trackers' figures."""
     args = ctx.args
     bench = build_bench(args)
     bench.run(tracking.NullTracker(), args.warmup_steps, 10**9)
@@ -235,12 +223,7 @@ def stop_flag_cost(ctx: harness.Context, hidden: list[int]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _median_ratio(stat: dict[str, list[float]], arm: str) -> float:
-    return statistics.median(a / o for a, o in zip(stat[arm], stat["off"]))
-
-
 def measure(ctx: harness.Context) -> dict[str, Any]:
-    """Every figure of tracking_overhead.json, and its summary lines."""
     from scalelab.tracking import runs
 
     args = ctx.args
@@ -268,7 +251,7 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
         }  # fmt: skip
     ab = {"log_every_1": stats.ratio_figures(med["batched"], med["off"])}
     ab["log_every_default"] = stats.ratio_figures(med["batched_default"], med["off_default"])
-    overhead, fraction = _median_ratio(med, "batched"), in_thread["batched"]["fraction_of_off_step"]
+    overhead, fraction = stats.median_ratio(med["batched"], med["off"]), in_thread["batched"]["fraction_of_off_step"]
     result = {
         "workload": {"name": "mlp", "features": args.features, "hidden": args.hidden, "batch_size": raw["batch_size"],
                      "strategy": "single", "device": "cpu", "threads": args.threads,
@@ -285,7 +268,8 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
         "ab": ab, "meets_default_ab_target": AB_DEFAULT.met(ab["log_every_default"]["ci95"]),
         "overhead_ratio": overhead, "overhead_pct": 100.0 * (overhead - 1.0),
         "repeat_overhead_ratios": [a / o for a, o in zip(med["batched"], med["off"])],
-        "amortized_overhead_ratio": _median_ratio(mean, "batched"), "sync_overhead_ratio": _median_ratio(med, "sync"),
+        "amortized_overhead_ratio": stats.median_ratio(mean["batched"], mean["off"]),
+        "sync_overhead_ratio": stats.median_ratio(med["sync"], med["off"]),
         "sync_log_metric_ms_median": 1000.0 * statistics.median(raw["log_metric_s"]),
         "batched_drain_ms_median": 1000.0 * statistics.median(raw["drain_s"]),
         "repeat_batched_drain_ms": [1000.0 * s for s in raw["drain_s"]],
@@ -307,55 +291,43 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
         ("log_every_1", "tracking_ab_every_step", Goal("none", text="none (see tracking_in_thread)")),
         ("log_every_default", "tracking_ab_default", AB_DEFAULT),
     ):
-        (low, high), every = ab[key]["ci95"], 1 if key == "log_every_1" else args.default_log_every
-        text = (
-            f"batched/off step time {100 * (ab[key]['median_ratio'] - 1):+.2f}% (95% CI {100 * (low - 1):+.2f}% to "
-            f"{100 * (high - 1):+.2f}%) at log_every_steps {every}"
-        )
+        every = 1 if key == "log_every_1" else args.default_log_every
+        text = f"batched/off step time {stats.ratio_text(ab[key], pct=True)} at log_every_steps {every}"
         ctx.figure(name, text, ab[key]["ci95"], goal, dropped=busy.dropped)
     if stop:
-        low, high = stop["ab_ratio"]["ci95"]
         text = (
             f"StopFlag.everywhere {stop['call_us_median']:.0f} us/call; "
-            f"A/B {100 * stop['cost_fraction_of_step']:+.2f}% "
-            f"(95% CI {100 * (low - 1):+.2f}% to {100 * (high - 1):+.2f}%) of a {stop['plain_step_ms_median']:.2f} ms "
+            f"A/B {stats.ratio_text(stop['ab_ratio'], pct=True)} of a {stop['plain_step_ms_median']:.2f} ms "
             f"ddp step ({stop['processes']} gloo processes); {stop['note']}"
         )
         ctx.figure("stop_flag_per_step", text, stop["cost"], STOP, dropped=stop["dropped"])
     return result
 
 
-def _default_log_every() -> int:
-    """params.yaml's train.log_every_steps (10 when there is no params.yaml here)."""
+def _default_log_every() -> int:  # params.yaml's train.log_every_steps (10 without one)
     path = repo_root() / "params.yaml"
     return int(yaml.safe_load(path.read_text())["train"]["log_every_steps"]) if path.is_file() else 10
 
 
-BENCH = harness.Benchmark(
-    "tracking",
-    "tracking_overhead.json",
-    METHOD,
-    measure,
-    key="tracking_overhead",
-    options=(
-        opt("--steps", 300, "timed steps per arm and repeat"),
-        opt("--sync-steps", 60, "timed steps of the sync arm per repeat"),
-        opt("--repeats", 7, "timed repeats of every arm"),
-        opt("--warmup-steps", 20, "untimed steps before the repeats"),
-        opt("--flush-every", 50, "steps between flushes (checkpoint cadence)"),
-        opt("--features", 256, "input features of the MLP trained"),
-        opt("--hidden", [256, 256], "the MLP's hidden layer widths"),
-        opt("--batch-size", 128, "start of the calibration"),
-        opt("--target-step-ms", 10.0, "0: keep --batch-size"),
-        opt("--threads", 1, "torch CPU threads of the training"),
-        opt("--default-log-every", _default_log_every(), "steps between logs in the *_default arms"),
-        opt("--metrics", [1, 10, 100, 1000], "metrics per step of the tracker's cost curve (0: skip)"),
-        opt("--metric-steps", 30, "logged steps per metric count and repeat"),
-        opt("--metric-repeats", 3, "repeats per metric count (their median)"),
-        opt("--stop-procs", 2, "gloo processes of the StopFlag arm (0: skip)"),
-        opt("--stop-steps", 200, "steps per StopFlag arm and repeat"),
-        opt("--stop-every", SlurmConfig().stop_check_every_steps, "steps between StopFlag checks"),
-        opt("--stop-repeats", 7, "timed repeats of the StopFlag arms"),
-        opt("--stop-batch", 32, "per-rank batch (train.batch_size)"),
-    ),
+OPTIONS = (
+    opt("--steps", 300, "timed steps per arm and repeat"),
+    opt("--sync-steps", 60, "timed steps of the sync arm per repeat"),
+    opt("--repeats", 7, "timed repeats of every arm"),
+    opt("--warmup-steps", 20, "untimed steps before the repeats"),
+    opt("--flush-every", 50, "steps between flushes (checkpoint cadence)"),
+    opt("--features", 256, "input features of the MLP trained"),
+    opt("--hidden", [256, 256], "the MLP's hidden layer widths"),
+    opt("--batch-size", 128, "start of the calibration"),
+    opt("--target-step-ms", 10.0, "0: keep --batch-size"),
+    opt("--threads", 1, "torch CPU threads of the training"),
+    opt("--default-log-every", _default_log_every(), "steps between logs in the *_default arms"),
+    opt("--metrics", [1, 10, 100, 1000], "metrics per step of the tracker's cost curve (0: skip)"),
+    opt("--metric-steps", 30, "logged steps per metric count and repeat"),
+    opt("--metric-repeats", 3, "repeats per metric count (their median)"),
+    opt("--stop-procs", 2, "gloo processes of the StopFlag arm (0: skip)"),
+    opt("--stop-steps", 200, "steps per StopFlag arm and repeat"),
+    opt("--stop-every", SlurmConfig().stop_check_every_steps, "steps between StopFlag checks"),
+    opt("--stop-repeats", 7, "timed repeats of the StopFlag arms"),
+    opt("--stop-batch", 32, "per-rank batch (train.batch_size)"),
 )
+BENCH = harness.Benchmark("tracking", "tracking_overhead.json", METHOD, measure, OPTIONS, key="tracking_overhead")
