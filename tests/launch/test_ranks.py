@@ -12,7 +12,7 @@ from scalelab.launch.local import LaunchError, run_ranks, serve_rank
 @pytest.mark.integration  # a worker process (the scalelab CLI)
 def test_a_rank_that_fails_raises_its_exit_status_and_last_stderr_lines_not_a_stale_result(tmp_path):
     (tmp_path / "bad.out.json").write_text('{"from": "an earlier run"}')
-    with pytest.raises(LaunchError, match=r"^exit 1: .*KeyError: 'hidden'"):
+    with pytest.raises(LaunchError, match=r"^exit 1: .*KeyError: 'input_shape'"):  # the spec's first missing key
         run_ranks(["bench-worker", "stopflag"], {"steps": 1}, tmp_path, "bad", nproc=None, threads_per_process=1)
     assert json.loads((tmp_path / "bad.spec.json").read_text()) == {"steps": 1}
     assert not (tmp_path / "bad.out.json").exists()
