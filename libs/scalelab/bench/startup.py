@@ -176,15 +176,6 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
     return result
 
 
-OPTIONS = (
-    opt("--params", "params.yaml", "the params to train with"),
-    opt("--repeats", 3, "timed runs of scalelab train, each paired with the hand-written script's"),
-    opt("--epochs", 0, "override train.epochs (0: keep)"),
-    opt("--strategy", "", "override train.strategy (empty: keep)"),
-    opt("--no-tracking", False, "tracking.enabled: false (tests)"),
-)
-
-
 def training_split(params: dict[str, Any], path: Path) -> Path:
     """The script's data: digits split as `prepare` splits them, one tensor file."""
     import torch
