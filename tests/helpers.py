@@ -45,6 +45,24 @@ def tiny_params(**sections: dict[str, Any]) -> dict[str, Any]:
     return merge(params, sections)
 
 
+# the speedup study shrunk to seconds: a tiny MLP, one batch size, two timed steps, two repeats
+TINY_STUDY = {
+    "model": {"hidden": [64], "dropout": 0.0},
+    "num_features": 32,
+    "batch_sizes": [64],
+    "warmup_steps": 1,
+    "timed_steps": 2,
+    "repeats": 2,
+    "world_sizes": [1, 2],
+}
+
+
+def withheld_or(headline: dict[str, Any], key: str) -> bool:
+    """Whether the study's headline metrics hold `key`, or say in words why no number is stated (a
+    busy machine: other tests share it). Tests that are not about disturbance accept either."""
+    return key in headline or headline["headline"].startswith("not measured")
+
+
 def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     for key, value in update.items():
         if isinstance(value, dict) and isinstance(base.get(key), dict) and key != "model":

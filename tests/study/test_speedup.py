@@ -8,19 +8,11 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from helpers import run_cli, tiny_params, write_params
+from helpers import TINY_STUDY as TINY
+from helpers import run_cli, tiny_params, withheld_or, write_params
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-TINY = {
-    "model": {"hidden": [64], "dropout": 0.0},
-    "num_features": 32,
-    "batch_sizes": [64],
-    "warmup_steps": 1,
-    "timed_steps": 2,
-    "repeats": 2,
-    "world_sizes": [1, 2],
-}
 COLUMNS = [
     "strategy",
     "world_size",
@@ -80,7 +72,8 @@ def test_study_outputs_and_mlflow(workdir):
     assert "## Prediction (not measured)" in md
     assert (out / "speedup.png").read_bytes()[:4] == b"\x89PNG"
     head = json.loads((out / "speedup.json").read_text())
-    assert head["ddp_world_size"] == 2 and head["ddp_efficiency"] > 0
+    assert withheld_or(head, "ddp_efficiency"), head  # other tests share the machine: a busy study says so
+    assert "ddp_efficiency" not in head or (head["ddp_world_size"] == 2 and head["ddp_efficiency"] > 0)
 
     client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
     exp = client.get_experiment_by_name("scalelab")
@@ -107,7 +100,8 @@ def test_study_outputs_and_mlflow(workdir):
         "speedup.png",
         "speedup.json",
     }
-    assert "ddp_efficiency" in parent.data.metrics
+    assert ("ddp_efficiency" in parent.data.metrics) == ("ddp_efficiency" in head)
+    assert parent.data.tags["scalelab.headline"] == head["headline"]
 
 
 def test_changing_one_cell_reruns_only_that_cell(workdir):
@@ -126,10 +120,13 @@ def test_changing_one_cell_reruns_only_that_cell(workdir):
 
 def test_dvc_repro_speedup_and_plots(repo_copy):
     params = yaml.safe_load((repo_copy / "params.yaml").read_text())
-    params["speedup"].update(TINY, strategies=["single", "ddp"])  # fsdp's cells: test_study_outputs_and_mlflow
+    params["speedup"].update(TINY, strategies=["single", "ddp"], max_others_cpu_share=1.0)  # fsdp's cells: test_study_outputs_and_mlflow
     write_params(repo_copy / "params.yaml", params)
     run_cli("dvc", "repro", "speedup", cwd=repo_copy)
-    assert "ddp_efficiency" in run_cli("dvc", "metrics", "show", cwd=repo_copy).stdout
+    written = json.loads((repo_copy / "results/speedup/speedup.json").read_text())
+    assert withheld_or(written, "ddp_efficiency"), written  # a busy machine: the reason, not a number
+    shown = run_cli("dvc", "metrics", "show", cwd=repo_copy).stdout
+    assert ("ddp_efficiency" if "ddp_efficiency" in written else "not measured") in shown, shown
     shown = run_cli("dvc", "plots", "show", "--json", cwd=repo_copy).stdout
     assert "throughput vs workers" in shown
     assert "Data and pipelines are up to date" in run_cli("dvc", "repro", "speedup", cwd=repo_copy).stdout

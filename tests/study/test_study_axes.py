@@ -12,7 +12,7 @@ import json
 
 import pandas as pd
 import pytest
-from test_speedup import TINY
+from helpers import TINY_STUDY as TINY
 
 from helpers import run_cli, tiny_params, write_params
 from scalelab.config import SpeedupConfig, build
