@@ -193,6 +193,7 @@ def test_scancel_of_a_train_job_says_cancelled_and_closes_the_run(workdir, prepa
 
 def test_speedup_study_cells_run_as_slurm_jobs_across_two_nodes(workdir, slurm_cluster):
     import pandas as pd
+
     from helpers import TINY_STUDY as TINY
 
     (workdir / "slurm").symlink_to(BIN.parents[1] / "slurm")

@@ -12,8 +12,8 @@ import json
 
 import pandas as pd
 import pytest
-from helpers import TINY_STUDY as TINY
 
+from helpers import TINY_STUDY as TINY
 from helpers import run_cli, tiny_params, write_params
 from scalelab.config import SpeedupConfig, build
 from scalelab.launch.shape import Capacity, local_capacity

@@ -339,7 +339,10 @@ def log_study(
     headline_tag = {"scalelab.headline": head["headline"]}  # the number, or in words why none is stated
     starts = [r["started_ms"] for r in results.values() if "started_ms" in r and not r.get("cached")]
     parent = MlflowTracker.open(
-        params.tracking.experiment, run_name=f"speedup-{cfg.scaling}", tags=tags | headline_tag, start_ms=min(starts, default=None)
+        params.tracking.experiment,
+        run_name=f"speedup-{cfg.scaling}",
+        tags=tags | headline_tag,
+        start_ms=min(starts, default=None),
     )
     parent.log_params(flatten({"speedup": to_dict(cfg)}))
     parent.log_metrics({k: v for k, v in head.items() if isinstance(v, (int, float))}, 0)
