@@ -27,7 +27,8 @@ import pytest
 from helpers import BIN, REPO, copy_repo, free_port, tiny_params, training_pipeline
 from services import SERVER_SCRIPT, s3_server, serve, server_script_env
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# one worker builds the lab (a server, a store, two clones: ~2 min) for all four tests, not one per worker
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("lab-server")]
 
 PASSWORD = "lab-admin-password-7c1e"  # the server's admin (MLflow basic auth, on by default)
 USER_ENV = {"MLFLOW_TRACKING_USERNAME": "admin", "MLFLOW_TRACKING_PASSWORD": PASSWORD}

@@ -44,10 +44,12 @@ def _setup(spec: dict[str, Any]) -> tuple[SpeedupConfig, dist.DistEnv, torch.dev
 
 
 def rank_batch(cfg: SpeedupConfig, strategy_name: str, world_size: int, batch_size: int) -> int:
-    """Samples each process feeds per step. dp is one process that splits its batch over GPUs."""
-    processes = strategies.get(strategy_name).processes(world_size)
+    """Samples each process feeds per step. dp is one process that splits its batch over GPUs:
+    weak scaling gives each model replica `batch_size`, strong splits `batch_size` over processes."""
+    strategy = strategies.get(strategy_name)
+    processes = strategy.processes(world_size)
     if cfg.scaling == "weak":
-        return batch_size * world_size // processes
+        return batch_size * strategy.data_parallel_degree(world_size) // processes
     return batch_size // processes
 
 
