@@ -1,10 +1,11 @@
 """Each strategy's behaviour: how it wraps a plain model, steps it, and takes its state out and in.
 
 `get(train.strategy)` is the registered strategy of `scalelab.config.strategies` (its facts) as an
-object of this module's class for it, which owns the behaviour: `wrap(model, device, ...)`,
-`no_sync`, `grad_norm` and `clip_grads`, `model_state` and the checkpoint's state out and in
-(`full_state` / `load_full_state`, or `sharded_state` / `load_sharded_state`), the stateful parts of
-its own (`stateful`: a communication hook's state) and the devices one process drives. Callers
+object of this module's class for it, which owns the behaviour: `build` (fsdp's on the meta
+device), `wrap(model, device, ...)`, `no_sync`, `grad_norm` and `clip_grads`, `model_state` and the
+checkpoint's state out and in (`full_state` / `load_full_state`, or `sharded_state` /
+`load_sharded_state`), the stateful parts of its own (`stateful`: a communication hook's state) and
+the devices one process drives. Callers
 ask the object; nothing here or elsewhere looks at the wrapped model's type.
 
 fsdp is FSDP2 (`torch.distributed.fsdp.fully_shard`): each module the workload names in
@@ -77,6 +78,11 @@ class Strategy(strategies.Strategy):
                 checkpoint(unit)
         opts = {"num_devices": num_devices, "precision": precision}
         return self._parallel(model, device, shard_units, on_meta, init_state, **opts)
+
+    def build(self, make: Callable[[], Any], is_main: bool, resuming_shards: bool) -> tuple[Any, dict | None]:
+        """`make()` (the workload, seeded alike on every rank) and the `init_state` for `wrap`: the
+        model is built whole on each rank, so there is none (None)."""
+        return make(), None
 
     def _parallel(self, model, device, shard_units, on_meta, init_state, *, num_devices=1, precision="fp32"):
         """The model on `device` in its parallel form."""
@@ -189,6 +195,16 @@ class DDP(Strategy):
 
 class FSDP(Strategy):
     """FSDP2: parameters, gradients and optimizer state as shards; gradients reduce-scattered."""
+
+    def build(self, make: Callable[[], Any], is_main: bool, resuming_shards: bool) -> tuple[Any, dict | None]:
+        """The workload on the meta device (no memory), sharded before it is materialised by `wrap`:
+        the initial weights are made once, on rank 0's CPU ({} on the other ranks), or not at all
+        when sharded checkpoints will fill the shards (None)."""
+        with torch.device("meta"):
+            workload = make()
+        if resuming_shards:
+            return workload, None
+        return workload, make().model.state_dict() if is_main else {}
 
     def _parallel(self, model, device, shard_units, on_meta, init_state, *, num_devices=1, precision="fp32"):
         from torch.distributed.device_mesh import init_device_mesh

@@ -220,11 +220,10 @@ def build_workload(
 ) -> tuple[workloads.Workload, dict[str, torch.Tensor] | None]:
     """The workload, its model initialised from `train.seed` identically on every rank.
 
-    Under a sharded strategy (fsdp) the model is built on the meta device (no memory) and sharded
-    before it is materialised: the initial weights are made once, on rank 0's CPU, and each rank
-    receives only its shards (`strategy.Strategy.wrap`); a job resuming from sharded checkpoints
-    makes none. Returns the workload and that initial state ({} on the other ranks; None when
-    there is none).
+    The strategy builds it (`strategy.Strategy.build`): whole on every rank, or under fsdp on the meta
+    device with the initial weights made once on rank 0 and each rank receiving only its shards in
+    `wrap`. Returns the workload and that initial state ({} on the other ranks; None when there is
+    none).
     """
     train = params.train
     build = functools.partial(
@@ -235,10 +234,4 @@ def build_workload(
         num_classes=manifest["num_classes"],
     )
     seeds.seed_all(train.seed)
-    if not strategy.get(train.strategy).sharded:
-        return build(), None
-    with torch.device("meta"):
-        wl = build()
-    if resuming_shards:
-        return wl, None
-    return wl, build().model.state_dict() if env.is_main else {}
+    return strategy.get(train.strategy).build(build, env.is_main, resuming_shards)
