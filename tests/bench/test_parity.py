@@ -101,6 +101,7 @@ def test_compare_sees_a_one_ulp_difference():
     a = plain_loop.PlainLoop(plain_loop.build_model(4, [3], 2, 0.0), 0.1, 0.9)
     b = plain_loop.PlainLoop(plain_loop.build_model(4, [3], 2, 0.0), 0.1, 0.9)
     b.model.load_state_dict(a.model.state_dict())
+    assert a.forward is a.model  # neither ddp nor fsdp asked: the plain model, unwrapped
     assert parity._compare(a.weights(), b.weights())["identical"]
     with torch.no_grad():
         w = b.model[1].weight

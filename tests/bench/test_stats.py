@@ -13,15 +13,20 @@ def test_median_ratio_pairs_repeats_and_the_interval_brackets_it():
     arm, ref = [1.1, 2.2, 3.3, 4.0, 5.0], [1.0, 2.0, 3.0, 4.0, 5.0]
     assert stats.paired_ratios(arm, ref) == pytest.approx([1.1, 1.1, 1.1, 1.0, 1.0])
     assert stats.median_ratio(arm, ref) == pytest.approx(1.1)
-    low, high = stats.bootstrap_ci(arm, ref)
+    figures = stats.ratio_figures(arm, ref)
+    low, high = figures["ci95"]
+    assert figures["median_ratio"] == stats.median_ratio(arm, ref)
+    assert figures["repeat_ratios"] == stats.paired_ratios(arm, ref)
     assert 1.0 <= low <= stats.median_ratio(arm, ref) <= high <= 1.1 + 1e-12
-    assert stats.bootstrap_ci(arm, ref) == (low, high)  # seeded: the same interval every time
-    assert stats.bootstrap_ci([2.0] * 7, [1.0] * 7) == (2.0, 2.0)
+    assert stats.ratio_figures(arm, ref)["ci95"] == [low, high]  # seeded: the same interval every time
+    assert stats.ratio_figures([2.0] * 7, [1.0] * 7)["ci95"] == [2.0, 2.0]
 
 
 def test_unpaired_or_empty_repeats_are_refused():
     with pytest.raises(ValueError):
         stats.median_ratio([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError):
+        stats.ratio_figures([], [])
     with pytest.raises(ValueError):
         stats.median([])
 

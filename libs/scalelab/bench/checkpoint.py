@@ -23,17 +23,17 @@ from scalelab.training.loop import Loop, Optim, build_loop
 
 METHOD = """\
 The gpt workload (4 blocks, 4 heads, vocabulary 256, d_model sized to the parameter count), AdamW
-after one step (state 3x the weights), gloo on the CPU, 1 thread a rank. `ddp`: the job's path
-(state gathered on rank 0, torch.save, an atomic write; every rank loads the file); `fsdp`: every
-rank writes its shards with torch.distributed.checkpoint, rank 0 commits; every rank loads and
-reshards; `fsdp-async`: `save_s` is how long the step is blocked, `commit_s` until committed. Per
-size: `repeats` saves, each followed by a load (busy repeats retried or dropped); a figure is the
-median over repeats of the slowest rank. Peak memory: the largest rank's VmHWM growth (reset before
-each) during a save and its commit, a load, and the build (fsdp builds on the meta device). Files
-go to a local disk, in the page cache.
+after one step (state 3x the weights), gloo on the CPU, 1 thread a rank. `ddp`: the job's path (state
+gathered on rank 0, torch.save, an atomic write; every rank loads the file); `fsdp`: every rank writes
+its shards with torch.distributed.checkpoint, rank 0 commits; every rank loads and reshards;
+`fsdp-async`: `save_s` is how long the step is blocked, `commit_s` until committed. Per size: `repeats`
+saves, each followed by a load (busy repeats retried or dropped); a figure: the median over repeats of
+the slowest rank. Peak memory: the largest rank's VmHWM growth (reset before each) in a save and its
+commit, a load, and the build (fsdp builds on the meta device). Files go to a local disk (page cache).
 """
 GPT = {"layers": 4, "heads": 4, "seq_len": 64, "vocab_size": 256}
 ARMS = ["ddp", "fsdp", "fsdp-async"]
+SECONDS = ("save_s", "commit_s", "load_s")
 GOAL = Goal("<=", 0.6)  # fsdp save time per rank, 2 ranks over 1 (1/N would be 0.5)
 
 
@@ -41,6 +41,22 @@ def gpt_config(params: int) -> dict[str, Any]:
     """The gpt Config of about `params` parameters (12 d_model^2 a block)."""
     d_model = max(round((params / (12 * GPT["layers"])) ** 0.5 / GPT["heads"]), 1) * GPT["heads"]
     return {**GPT, "d_model": d_model}
+
+
+def _loop(strategy: str, params: int, device: torch.device, env: dist.DistEnv) -> tuple[Loop, int, int]:
+    """The loop as `scalelab train` builds it (fsdp: on the meta device), after one step; its
+    parameter count and this rank's peak memory growth while building."""
+    cfg = gpt_config(params)
+    train = build(Params, {"train": {"workload": "gpt", "model": cfg, "strategy": strategy, "seed": 0}})
+    manifest = {"input_shape": [cfg["seq_len"]], "num_classes": cfg["vocab_size"]}
+    base = memory.reset_peak(trim=True)
+    wl, init_state = job.build_workload(train, manifest, env, resuming_shards=False)
+    optim = Optim(name="adamw")
+    loop = build_loop(wl, device, strategy_name=strategy, precision="fp32", optim=optim, init_state=init_state)
+    build_peak = memory.peak_since(base)
+    del init_state
+    loop.step([wl.synthetic_batch(4)])  # AdamW's moment buffers exist from here
+    return loop, sum(p.numel() for p in loop.model.parameters()), build_peak  # a DTensor counts whole
 
 
 def _repeat(loop: Loop, ckpt: Checkpointer, env: dist.DistEnv, rep: int) -> dict[str, Any]:
@@ -64,91 +80,54 @@ def _repeat(loop: Loop, ckpt: Checkpointer, env: dist.DistEnv, rep: int) -> dict
 
 
 def measure_rank(spec: dict[str, Any]) -> dict[str, Any]:
-    """One rank: per strategy and size, `repeats` timed saves and loads; every rank's figures."""
+    """One rank: per arm and size, `repeats` timed saves and loads; a row each of the slowest rank's
+    median seconds and every rank's peak memory."""
     env = dist.read_env()
     device = setup_process(env, device="cpu", threads=1, timeout_s=600.0)
-    work = Path(spec["work"])
-    figures: dict[str, dict[str, dict[str, Any]]] = {}
-    for arm in spec["arms"]:
-        strategy, asynchronous = arm.removesuffix("-async"), arm.endswith("-async")
+    rows, dropped = [], []
+    for arm in ARMS:
         for params in spec["params"]:
-            loop, count, build_peak = _loop(strategy, params, device, env)
-            ckpt = Checkpointer(work / f"{arm}-{params}-w{env.world_size}", "bench", keep=1, asynchronous=asynchronous)
-
+            loop, count, build_peak = _loop(arm.removesuffix("-async"), params, device, env)
+            folder = Path(spec["work"]) / f"{arm}-{params}-w{env.world_size}"
+            ckpt = Checkpointer(folder, "bench", keep=1, asynchronous=arm.endswith("-async"))
             reps = harness.take_repeats(functools.partial(_repeat, loop, ckpt, env), spec["busy"])
-            keys = ("save_s", "commit_s", "load_s", "peak_bytes", "load_peak_bytes")
-            got = {k: [r[k] for r in reps.kept] for k in keys}
-            got.update(parameters=count, build_peak_bytes=build_peak, dropped=reps.dropped)
-            figures.setdefault(arm, {})[str(params)] = got
+            ranks = dist.all_gather_object({"kept": reps.kept, "build": build_peak})  # the same repeats on every rank
+            slowest = [{k: max(r["kept"][i][k] for r in ranks) for k in SECONDS} for i in range(len(reps.kept))]
+            row = {"strategy": arm, "world_size": env.world_size, "parameters": count, "state_bytes": 12 * count}
+            row |= {k: statistics.median(s[k] for s in slowest) for k in SECONDS}  # state_bytes: fp32 + AdamW
+            row["peak_save_bytes_per_rank"] = max(rep["peak_bytes"] for r in ranks for rep in r["kept"])
+            row["peak_load_bytes_by_rank"] = [max(rep["load_peak_bytes"] for rep in r["kept"]) for r in ranks]
+            rows.append(row | {"peak_build_bytes_by_rank": [r["build"] for r in ranks]})
+            dropped += reps.dropped
             dist.barrier()
             if env.is_main:
-                shutil.rmtree(ckpt.folder, ignore_errors=True)
-    return {"ranks": dist.all_gather_object(figures), "is_main": env.is_main}
-
-
-def _loop(strategy: str, params: int, device: torch.device, env: dist.DistEnv) -> tuple[Loop, int, int]:
-    """The loop as `scalelab train` builds it (fsdp: on the meta device), after one step; its
-    parameter count and this rank's peak memory growth while building."""
-    cfg = gpt_config(params)
-    train = build(Params, {"train": {"workload": "gpt", "model": cfg, "strategy": strategy, "seed": 0}})
-    manifest = {"input_shape": [cfg["seq_len"]], "num_classes": cfg["vocab_size"]}
-    base = memory.reset_peak(trim=True)
-    wl, init_state = job.build_workload(train, manifest, env, resuming_shards=False)
-    optim = Optim(name="adamw")
-    loop = build_loop(wl, device, strategy_name=strategy, precision="fp32", optim=optim, init_state=init_state)
-    build_peak = memory.peak_since(base)
-    del init_state
-    loop.step([wl.synthetic_batch(4)])  # AdamW's moment buffers exist from here
-    return loop, sum(p.numel() for p in loop.model.parameters()), build_peak  # a DTensor counts whole
-
-
-def _rows(ranks: list[dict], world: int, sizes: list[int]) -> list[dict[str, Any]]:
-    """One row per strategy and size: the slowest rank's median seconds, the largest rank's peak."""
-    rows = []
-    for arm in ranks[0]:
-        for params in sizes:
-            per_rank = [r[arm][str(params)] for r in ranks]
-            slowest = {k: [max(x) for x in zip(*(r[k] for r in per_rank))] for k in ("save_s", "commit_s", "load_s")}
-            count = per_rank[0]["parameters"]
-            row = {"strategy": arm, "world_size": world, "parameters": count, "state_bytes": 12 * count}  # fp32 + AdamW
-            row |= {k: statistics.median(v) for k, v in slowest.items()}
-            row["peak_save_bytes_per_rank"] = max(max(r["peak_bytes"]) for r in per_rank)
-            row["peak_load_bytes_by_rank"] = [max(r["load_peak_bytes"]) for r in per_rank]
-            rows.append(row | {"peak_build_bytes_by_rank": [r["build_peak_bytes"] for r in per_rank]})
-    return rows
-
-
-def _goal(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """fsdp's save time per rank at the largest size, 2 ranks over 1."""
-    largest = max(r["parameters"] for r in rows)
-    fsdp = {r["world_size"]: r["save_s"] for r in rows if r["strategy"] == ARMS[1] and r["parameters"] == largest}
-    blocked = [r["save_s"] / r["commit_s"] for r in rows if r["strategy"] == ARMS[2] and r["parameters"] == largest]
-    if not {1, 2} <= set(fsdp):
-        return {"met": None, "note": "not measured: needs world sizes 1 and 2"}
-    ratio = fsdp[2] / fsdp[1]
-    goal = {"parameters": largest, "fsdp_save_2_over_1": ratio, "target": GOAL.target, "met": GOAL.met(ratio)}
-    return goal | {"async_blocked_fraction": max(blocked) if blocked else None}
+                shutil.rmtree(folder, ignore_errors=True)
+    return {"rows": rows, "dropped": dropped, "is_main": env.is_main}
 
 
 def measure(ctx: harness.Context) -> dict[str, Any]:
+    """Every arm and size at each world size; the figure: fsdp's save per rank at the largest size, 2 ranks / 1."""
     args, rows, dropped = ctx.args, [], []
     for world in args.ckpt_ranks:
-        spec = {"params": args.ckpt_params, "busy": ctx.policy(), "arms": ARMS, "work": str(ctx.work)}
-        raw = ctx.ranks("checkpoint", spec, f"w{world}", nproc=world)
-        rows += _rows(raw["ranks"], world, args.ckpt_params)
-        dropped += [d for arm in raw["ranks"][0].values() for size in arm.values() for d in size["dropped"]]
-    goal = _goal(rows)
+        spec = {"params": args.ckpt_params, "busy": ctx.policy(), "work": str(ctx.work)}
+        got = ctx.ranks("checkpoint", spec, f"w{world}", nproc=world)
+        rows, dropped = rows + got["rows"], dropped + got["dropped"]
     largest = max(r["parameters"] for r in rows)
-    cells = [
+    at = [r for r in rows if r["parameters"] == largest]
+    fsdp = {r["world_size"]: r["save_s"] for r in at if r["strategy"] == ARMS[1]}
+    blocked = [r["save_s"] / r["commit_s"] for r in at if r["strategy"] == ARMS[2]]
+    ratio, goal = None, {"met": None, "note": "not measured: needs world sizes 1 and 2"}
+    if {1, 2} <= set(fsdp):
+        ratio = fsdp[2] / fsdp[1]
+        goal = {"parameters": largest, "fsdp_save_2_over_1": ratio, "target": GOAL.target, "met": GOAL.met(ratio)}
+        goal["async_blocked_fraction"] = max(blocked, default=None)
+    cells = "; ".join(
         f"{r['strategy']} w{r['world_size']} save {r['save_s']:.2f} s (committed {r['commit_s']:.2f}), "
         f"load {r['load_s']:.2f} s, peak {r['peak_save_bytes_per_rank'] / 2**20:.0f} MiB"
-        for r in rows
-        if r["parameters"] == largest
-    ]
-    ratio = goal.get("fsdp_save_2_over_1")
-    text = f"fsdp save per rank, 2 ranks / 1, gpt of {largest:,} parameters: " + (
-        f"{ratio:.2f} ({'; '.join(cells)})" if ratio is not None else goal["note"]
+        for r in at
     )
+    text = f"fsdp save per rank, 2 ranks / 1, gpt of {largest:,} parameters: "
+    text += goal["note"] if ratio is None else f"{ratio:.2f} ({cells})"
     ctx.figure("checkpoint_fsdp_save_2_over_1", text, ratio, GOAL, dropped=dropped)
     return {"repeats": args.repeats, "rows": rows, "goal": goal, "dropped": dropped}
 

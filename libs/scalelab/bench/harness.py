@@ -7,6 +7,7 @@ retried, then dropped and counted in the figure's line) and `ctx.figure` (a goal
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -36,9 +37,8 @@ def opt(flag: str, default: Any, help: str, **kw: Any) -> tuple[str, dict[str, A
         return flag, {"action": "store_true", "help": help, **kw}
     sample = default[0] if isinstance(default, list) and default else default
     kind = kw.pop("type", type(sample) if sample is not None else str)
-    return flag, {"default": default, "type": kind, "help": f"{help} (default: {default})", **kw} | (
-        {"nargs": "+"} if isinstance(default, list) else {}
-    )
+    nargs = {"nargs": "+"} if isinstance(default, list) else {}
+    return flag, {"default": default, "type": kind, "help": f"{help} (default: {default})", **nargs, **kw}
 
 
 @dataclass(frozen=True)
@@ -86,9 +86,8 @@ class Context:
     def figure(self, name: str, text: str, value: Any, goal: Goal, *, also: bool = True, dropped: list | None = None):
         """Writes and prints figure `name`'s summary line; it counts the `dropped` busy repeats."""
         if dropped is not None:
-            text += f"; {len(dropped)} busy repeat{'s' * (len(dropped) != 1)} dropped" + (
-                f" ({busy.dropped_summary(dropped)})" if dropped else ""
-            )
+            text += f"; {len(dropped)} busy repeat{'s' * (len(dropped) != 1)} dropped"
+            text += f" ({busy.dropped_summary(dropped)})" if dropped else ""
         line = stats.write_figure(self.out, name, text, value, goal, also)
         self.lines.append(line)
         print(line, flush=True)
@@ -133,8 +132,7 @@ def run(bench: Benchmark, args: argparse.Namespace, out: Path) -> dict[str, Any]
         result, failed = exc.result, exc
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    result = {"benchmark": bench.key or bench.name, "method": bench.method.strip(), **result}
-    result = {**stats.machine(), **result}
+    result = {**stats.machine(), "benchmark": bench.key or bench.name, "method": bench.method.strip(), **result}
     atomic_write_json(out / bench.out_file, result)
     print(f"scalelab bench {bench.name}: {len(ctx.lines)} figures -> {out / bench.out_file}", flush=True)
     if failed:
@@ -165,10 +163,8 @@ def _snapshot(pids: list[int]) -> disturbance.Snapshot:
 
     ours = set(pids)
     for pid in pids:
-        try:
+        with contextlib.suppress(psutil.Error):
             ours.update(child.pid for child in psutil.Process(pid).children(recursive=True))
-        except psutil.Error:
-            pass
     snap = disturbance.snapshot(sorted(ours))
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     reaped = round((kids.ru_utime + kids.ru_stime) * disturbance.HZ)
@@ -205,17 +201,15 @@ def rank_loop(spec: dict[str, Any], **loop_kw: Any) -> Any:
     from scalelab.training import workloads
     from scalelab.training.loop import Optim, build_loop
 
-    env = dist.read_env()
-    where, threads, timeout_s = spec.get("device", "cpu"), spec.get("threads", 1), spec.get("timeout_s", 120.0)
-    deterministic = spec.get("deterministic", False)
-    device = setup_process(env, device=where, threads=threads, deterministic=deterministic, timeout_s=timeout_s)
-    seeds.seed_all(spec.get("seed", 0))
+    env, seed = dist.read_env(), spec.get("seed", 0)
+    process = {"device": "cpu", "threads": 1, "deterministic": False, "timeout_s": 120.0}
+    device = setup_process(env, **{k: spec.get(k, default) for k, default in process.items()})
+    seeds.seed_all(seed)
     shape, classes = spec["input_shape"], spec["num_classes"]
     wl = workloads.load(spec["workload"], spec["model"], input_shape=shape, num_classes=classes, key="bench")
     precision, optim = spec.get("precision", "fp32"), Optim(**spec["optim"])
     loop = build_loop(wl, device, strategy_name=spec["strategy"], precision=precision, optim=optim, **loop_kw)
-    gen = torch.Generator().manual_seed(seeds.rank_seed(spec.get("seed", 0), env.rank))
-    n = spec["batch"]
+    n, gen = spec["batch"], torch.Generator().manual_seed(seeds.rank_seed(seed, env.rank))
     if wl.synthetic_batch:
         batches = [wl.synthetic_batch(n, device=device, generator=gen) for _ in range(2)]
     else:

@@ -12,22 +12,20 @@ from scalelab.bench.harness import Goal, opt
 from scalelab.runtime import dist
 
 METHOD = """\
-The pipeline's default training job (params.yaml `train`, changed only by `--set`: strategy,
-processes, threads, model, optimizer, batch, plan) on the pipeline's prepared data (made in a
-temporary folder from the same params, memory-mapped), with training's own loader (RunLoader, its
-workers persistent, each arm's started in an untimed warm-up epoch) and step (Loop.step). Per
-step, `wait` is the time from asking for its micro-batches to having them
-(`first_step_wait_ms_per_epoch`: each epoch's first step alone), `compute` that of Loop.step.
-Arms: num_workers 0 and 2 (`--workers`), interleaved: each repeat runs `--epochs` epochs of each,
-the order alternating; busy repeats retried or dropped. A repeat's figure: wait / (wait +
-compute) over its steps, on the rank that waited most; per arm the median over repeats."""
+The pipeline's default training job (params.yaml `train`, changed only by `--set`) on the pipeline's
+prepared data (made in a temporary folder from the same params, memory-mapped), with training's own
+loader (RunLoader, its workers persistent, each arm's started in an untimed warm-up epoch) and step
+(Loop.step). Per step, `wait` is the time from asking for its micro-batches to having them
+(`first_step_wait_ms_per_epoch`: each epoch's first step alone), `compute` that of Loop.step. Arms:
+num_workers 0 and 2 (`--workers`), interleaved: each repeat runs `--epochs` epochs of each, the order
+alternating; busy repeats retried or dropped. A repeat's figure: wait / (wait + compute) over its
+steps, on the rank that waited most; per arm the median over repeats."""
 GOAL = Goal("<=", 0.05, "<= 5%")
 
 
 def epoch_times(loop: Any, loader: Any, epoch: int, steps: int, accum: int = 1) -> list[float]:
     """[wait_s, compute_s, first_wait_s] of `steps` steps of one pass of `loader`."""
-    wait_s = compute_s = 0.0
-    first_wait_s = None
+    waits, computes = [], []
     start = time.perf_counter()
     batches = loader.epoch(epoch)
     for _ in range(steps):
@@ -35,10 +33,10 @@ def epoch_times(loop: Any, loader: Any, epoch: int, steps: int, accum: int = 1) 
         got = time.perf_counter()
         loop.step(micro)
         done = time.perf_counter()
-        wait_s, compute_s = wait_s + got - start, compute_s + done - got
-        first_wait_s = got - start if first_wait_s is None else first_wait_s
+        waits.append(got - start)
+        computes.append(done - got)
         start = done
-    return [wait_s, compute_s, first_wait_s or 0.0]
+    return [sum(waits), sum(computes), waits[0] if waits else 0.0]
 
 
 def time_arms(
@@ -64,39 +62,34 @@ def time_arms(
     return {arm: [r[arm] for r in reps.kept] for arm in arms}, reps
 
 
-def _rank_times(spec: dict[str, Any], train: Any) -> tuple[dict[str, Any], Any, Any, Any]:
-    """This rank's repeats on the job's own Loop (harness.rank_loop); the model and its DDP
-    reducer go on return, before the process group."""
+def _rank(spec: dict[str, Any]) -> dict[str, Any]:
+    """This rank's repeats on the job's own Loop (harness.rank_loop), every rank's times gathered;
+    the model and its DDP reducer go on return, before the process group."""
     from scalelab.data.store import open_split, verify
-    from scalelab.training import workloads
     from scalelab.training.loader import RunLoader
     from scalelab.training.plan import RunPlan
 
-    manifest = verify(spec["data"])
+    train, manifest = pipeline.parsed(spec["params"]).train, verify(spec["data"])
     optim = {"name": train.optimizer, "lr": train.lr, "momentum": train.momentum, "weight_decay": train.weight_decay}
-    job = {
-        "workload": train.workload, "model": train.model, "input_shape": manifest["input_shape"],
-        "num_classes": manifest["num_classes"], "strategy": train.strategy, "precision": train.precision,
-        "optim": optim, "seed": train.seed, "device": train.device, "threads": train.threads_per_process, "batch": 1,
-        "deterministic": train.deterministic, "timeout_s": min(train.collective_timeout_s, 120.0),  # a lost peer fails
-    }  # fmt: skip
-    rank = harness.rank_loop(job)
-    split = open_split(spec["data"], "train", manifest, seq_len=workloads.seq_len(train.workload, train.model))
+    same = ("workload", "model", "strategy", "precision", "seed", "device", "deterministic")  # train's names
+    rank = harness.rank_loop({k: getattr(train, k) for k in same} | {
+        "input_shape": manifest["input_shape"], "num_classes": manifest["num_classes"], "optim": optim, "batch": 1,
+        "threads": train.threads_per_process, "timeout_s": min(train.collective_timeout_s, 120.0),  # a lost peer fails
+    })  # fmt: skip
+    split = open_split(spec["data"], "train", manifest, seq_len=rank.wl.seq_len)
     plan = RunPlan.of(train, len(split))
     loaders = {str(w): RunLoader(split, plan, rank.env, seed=train.seed, num_workers=int(w)) for w in spec["workers"]}
     steps, accum = plan.steps_per_epoch, plan.grad_accum_steps
     times, reps = time_arms(rank.loop, loaders, steps, spec["epochs"], spec["busy"], accum, warmup=steps)
-    return times, reps, plan, rank.env
+    job = {"steps_per_epoch": steps, "per_rank_batch": plan.per_rank_batch, "world_size": plan.world_size}
+    return {"ranks": dist.all_gather_object(times), **job, **reps.json(), "is_main": rank.env.is_main}
 
 
 def measure_rank(spec: dict[str, Any]) -> dict[str, Any]:
-    from scalelab.config import parse_params
-
-    times, reps, plan, env = _rank_times(spec, parse_params(spec["params"], "params").train)
-    ranks = dist.all_gather_object(times)
+    """Every rank's wait and compute seconds per arm and repeat, and the job's shape."""
+    result = _rank(spec)
     dist.shutdown()
-    job = {"steps_per_epoch": plan.steps_per_epoch, "per_rank_batch": plan.per_rank_batch}
-    return {"ranks": ranks, **job, "world_size": plan.world_size, **reps.json(), "is_main": env.is_main}
+    return result
 
 
 def arm_figures(per_rank: list[list[list[float]]], steps: int, epochs: int = 1) -> dict[str, Any]:
@@ -113,6 +106,7 @@ def arm_figures(per_rank: list[list[list[float]]], steps: int, epochs: int = 1) 
 
 
 def measure(ctx: harness.Context) -> dict[str, Any]:
+    """Prepares the data, then times every arm in the job's ranks; a figure per arm."""
     args = ctx.args
     raw = pipeline.params_tree(args.params, args.sets)
     train = pipeline.parsed(raw).train
@@ -131,8 +125,8 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
         "params": str(args.params), "overrides": list(args.sets),
         "job": {"strategy": train.strategy, **{k: job[k] for k in ("world_size", "per_rank_batch", "steps_per_epoch")}},
         "repeats": args.repeats, "epochs_per_repeat": args.epochs, "num_workers": arms, "target_fraction": GOAL.target,
-        "meets_target": all(a["meets_target"] for a in arms.values()), "dropped": job["dropped"],
-        "disturbance": job["disturbance"],
+        "meets_target": all(a["meets_target"] for a in arms.values()),
+        **{k: job[k] for k in ("dropped", "disturbance")},
     }  # fmt: skip
 
 

@@ -16,21 +16,21 @@ from scalelab.runtime.repeats import slowest_rank, timed_repeats
 from scalelab.training import schedule
 
 METHOD = """\
-The study's default workload (params.yaml `speedup`) on CPU, 1 thread per process. Two arms built
-from the same seed in the same process(es), fed the same two synthetic batches: `engine`
-(build_loop + Loop.step: SGD lr 1e-3 momentum 0.9, clipping at norm `clip`, warm-up + cosine LR)
-and `plain` (bench/plain_loop.py, by hand, importing nothing from scalelab; DDP, or FSDP2's
-fully_shard of each layer). Strategies single, ddp and fsdp (`--nproc` gloo processes). Each
-repeat runs `--steps` steps of each arm interleaved step by step (the order alternating), each
-after a barrier, on the slowest rank; busy repeats are retried or dropped. The figure: the median
-over repeats of engine/plain step time with a bootstrap 95% interval. Weights: fresh arms run
-`--check-steps` steps on the same batches and dropout RNG; every parameter and buffer is compared
-bit for bit on every rank.
+The study's default workload (params.yaml `speedup`) on CPU, 1 thread a process, in two arms built
+from the same seed, fed the same two synthetic batches: `engine` (build_loop + Loop.step) and `plain`
+(bench/plain_loop.py, by hand: DDP, or FSDP2's fully_shard of each layer), both SGD lr 1e-3 momentum
+0.9 clipped at norm `clip` with a warm-up + cosine LR. Strategies single, ddp and fsdp (2 gloo
+processes). After `--check-steps` steps on the same batches and dropout RNG, every parameter and
+buffer is compared bit for bit on every rank. A repeat: `--steps` steps of each arm interleaved step
+by step (the order alternating), each after a barrier, on the slowest rank; busy repeats retried or
+dropped. The figure: the median over repeats of engine/plain step time, with a bootstrap 95% interval.
 """
 GOAL = Goal("<=", 1.01, "<= 1.01 and identical")
 CLIP = 0.5  # below the gradient norms of this workload: the clipping scales every step
 SCHEDULE = (1000, 3, 0.1)  # total steps, warm-up steps, min lr ratio
+OPTIM = {"name": "sgd", "lr": 1e-3, "momentum": 0.9}
 ARMS = ("engine", "plain")
+NPROC = 2  # processes of a distributed strategy
 
 
 class ParityError(harness.Failed):
@@ -42,49 +42,39 @@ def workload_spec(args: Any) -> dict[str, Any]:
     cfg = load_params(args.params).speedup
     if cfg.workload != "mlp":
         raise ValueError(f"speedup.workload = {cfg.workload!r}: the plain loop of the parity benchmark is an mlp")
-    model = {**to_dict(cfg)["model"]}
+    model = {"dropout": 0.0, **to_dict(cfg)["model"]}
     model["hidden"] = args.hidden or model.get("hidden", [256, 256])
-    model.setdefault("dropout", 0.0)
     features = args.num_features or cfg.num_features
     return {
         "workload": "mlp", "model": model, "num_features": features, "input_shape": [features],
         "num_classes": cfg.num_classes, "batch_size": args.batch_size or cfg.batch_sizes[0], "seed": cfg.seed,
-        "optim": {"name": "sgd", "lr": 1e-3, "momentum": 0.9}, "clip": CLIP, "schedule": list(SCHEDULE),
-        "steps": args.steps, "warmup_steps": args.warmup_steps, "check_steps": args.check_steps,
+        "optim": OPTIM, "steps": args.steps, "warmup_steps": args.warmup_steps, "check_steps": args.check_steps,
     }  # fmt: skip
-
-
-def _local(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: v.to_local() if hasattr(v, "to_local") else v for k, v in state.items()}  # fsdp: this rank's shards
 
 
 def _compare(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict[str, Any]:
     """Bit-for-bit comparison of two arms' weights on this rank."""
-    same_keys = list(a) == list(b)
-    equal = same_keys and all(torch.equal(a[k], b[k]) for k in a)
     diff = max((float((a[k] - b[k]).abs().max()) for k in a if k in b and a[k].shape == b[k].shape), default=0.0)
-    return {"identical": bool(equal), "max_abs_diff": diff, "same_keys": same_keys}
+    return {"identical": list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a), "max_abs_diff": diff}
 
 
 def _measure_arms(spec: dict[str, Any]) -> dict[str, Any]:
-    """Builds both arms, checks their weights, times them; the arms (and DDP reducers) go on return."""
-    total, warmup, min_ratio = sched = spec["schedule"]
-    cosine = functools.partial(schedule.build, total_steps=total, schedule="cosine", warmup_steps=warmup)
-    cosine = functools.partial(cosine, min_ratio=min_ratio)
-    rank = harness.rank_loop({**spec, "batch": spec["batch_size"]}, schedule=cosine, clip_norm=spec["clip"])
+    """Builds both arms, checks their weights on every rank, times them."""
+    total, warm, low = SCHEDULE
+    cosine = functools.partial(schedule.build, schedule="cosine", total_steps=total, warmup_steps=warm, min_ratio=low)
+    rank = harness.rank_loop({**spec, "batch": spec["batch_size"]}, schedule=cosine, clip_norm=CLIP)
     torch.manual_seed(spec["seed"])
-    widths, model = spec["model"]["hidden"], spec["model"]
-    net = plain_loop.build_model(spec["num_features"], widths, spec["num_classes"], model["dropout"])
-    sharded, clip = strategies.get(spec["strategy"]).sharded, spec["clip"]
-    plain = plain_loop.PlainLoop(net, lr=1e-3, momentum=0.9, fsdp=sharded, clip=clip, schedule=tuple(sched))
+    model, facts = spec["model"], strategies.get(spec["strategy"])
+    net = plain_loop.build_model(spec["num_features"], model["hidden"], spec["num_classes"], model["dropout"])
+    wrap = {"ddp": facts.distributed and not facts.sharded, "fsdp": facts.sharded}  # the registry's facts
+    plain = plain_loop.PlainLoop(net, OPTIM["lr"], OPTIM["momentum"], **wrap, clip=CLIP, schedule=SCHEDULE)
     batches = rank.batches
     step = {"engine": lambda i: rank.loop.step([batches[i % 2]]), "plain": lambda i: plain.step(*batches[i % 2])}
-    rank_seed = seeds.rank_seed(spec["seed"], rank.env.rank)
     for name in ARMS:  # the same dropout stream in both arms
-        torch.manual_seed(rank_seed)
+        torch.manual_seed(seeds.rank_seed(spec["seed"], rank.env.rank))
         for i in range(spec["check_steps"]):
             step[name](i)
-    check = _compare(_local(rank.loop.workload.model.state_dict()), plain.weights())
+    checks = dist.all_gather_object(_compare(plain_loop.local_state(rank.loop.workload.model), plain.weights()))
     for name in ARMS:
         for i in range(spec["warmup_steps"]):
             step[name](i)
@@ -96,52 +86,44 @@ def _measure_arms(spec: dict[str, Any]) -> dict[str, Any]:
 
     reps = harness.take_repeats(take, spec["busy"])
     return {
-        "step_s": {n: [r[n] for r in reps.kept] for n in ARMS},
-        **reps.json(),
-        "checks": dist.all_gather_object(check),
-        "num_params": sum(p.numel() for p in plain.model.parameters()),  # a DTensor counts whole
-        "ranks": rank.env.world_size,
-        "is_main": rank.env.is_main,
-    }
+        "step_s": {n: [r[n] for r in reps.kept] for n in ARMS}, **reps.json(),
+        "bitwise_identical": all(c["identical"] for c in checks),
+        "max_abs_weight_diff": max(c["max_abs_diff"] for c in checks),
+        "num_params": sum(p.numel() for p in net.parameters()),  # a DTensor counts whole
+        "ranks": rank.env.world_size, "is_main": rank.env.is_main,
+    }  # fmt: skip
 
 
 def measure_rank(spec: dict[str, Any]) -> dict[str, Any]:
     """Bitwise check, then interleaved timed repeats; per-repeat step times (s) of the slowest rank."""
-    got = _measure_arms(spec)
+    got = _measure_arms(spec)  # the arms (and DDP reducers) are gone on its return
     dist.shutdown()
-    checks = got.pop("checks")
-    return {
-        **got,
-        "bitwise_identical": all(c["identical"] for c in checks),
-        "max_abs_weight_diff": max(c["max_abs_diff"] for c in checks),
-    }
+    return got
 
 
 def measure(ctx: harness.Context) -> dict[str, Any]:
     """Measures every strategy; raises ParityError (after its JSON) when an arm's weights differ."""
-    args, spec = ctx.args, workload_spec(ctx.args)
-    per = {}
+    args, spec, per = ctx.args, workload_spec(ctx.args), {}
     for s in args.strategies:
-        r = ctx.ranks("parity", {**spec, "strategy": s, "busy": ctx.policy()}, s, nproc=harness.ranks_of(s, args.nproc))
-        ratio = stats.ratio_figures(r["step_s"]["engine"], r["step_s"]["plain"])
-        same = r["bitwise_identical"]
+        r = ctx.ranks("parity", {**spec, "strategy": s, "busy": ctx.policy()}, s, nproc=harness.ranks_of(s, NPROC))
+        step_s, same = r["step_s"], r["bitwise_identical"]
+        ratio = stats.ratio_figures(step_s["engine"], step_s["plain"])
         per[s] = {
             **ratio, "world_size": r["ranks"],
-            "median_step_ms": {arm: 1000.0 * stats.median(r["step_s"][arm]) for arm in ARMS},
-            "repeat_step_ms": {arm: [1000.0 * x for x in r["step_s"][arm]] for arm in ARMS},
-            "bitwise_identical": same, "max_abs_weight_diff": r["max_abs_weight_diff"],
-            "meets_target": GOAL.met(ratio["median_ratio"]), "dropped": r["dropped"], "disturbance": r["disturbance"],
+            "median_step_ms": {arm: 1000.0 * stats.median(step_s[arm]) for arm in ARMS},
+            "repeat_step_ms": {arm: [1000.0 * x for x in step_s[arm]] for arm in ARMS},
+            "meets_target": GOAL.met(ratio["median_ratio"]),
+            **{k: r[k] for k in ("bitwise_identical", "max_abs_weight_diff", "dropped", "disturbance")},
         }  # fmt: skip
-        figure = f"engine/plain step time {stats.ratio_text(ratio)}, {s} at {r['ranks']} process(es), weights bitwise "
-        figure += f"identical: {same}"
-        ctx.figure(f"parity_{s}", figure, ratio["median_ratio"], GOAL, also=same, dropped=r["dropped"])
-    workload = {k: spec[k] for k in ("model", "num_features", "num_classes", "batch_size", "seed")}
+        text = f"engine/plain step time {stats.ratio_text(ratio)}, {s} at {r['ranks']} process(es), weights bitwise "
+        text += f"identical: {same}"
+        ctx.figure(f"parity_{s}", text, ratio["median_ratio"], GOAL, also=same, dropped=r["dropped"])
     result = {
         "workload": {
-            "name": "mlp", **workload, "num_params": r["num_params"], "optimizer": spec["optim"],
-            "grad_clip_norm": spec["clip"], "precision": "fp32", "device": "cpu", "threads_per_process": 1,
+            "name": "mlp", **{k: spec[k] for k in ("model", "num_features", "num_classes", "batch_size", "seed")},
+            "num_params": r["num_params"], "optimizer": OPTIM, "grad_clip_norm": CLIP, "precision": "fp32",
+            "device": "cpu", "threads_per_process": 1, "ddp_processes": NPROC, "backend": "gloo",
             "lr_schedule": dict(zip(("total_steps", "warmup_steps", "min_lr_ratio"), SCHEDULE)) | {"kind": "cosine"},
-            "ddp_processes": args.nproc, "backend": "gloo",
         },
         "repeats": args.repeats, "steps_per_repeat": args.steps, "warmup_steps": args.warmup_steps,
         "check_steps": args.check_steps, "strategies": per, "target_ratio": GOAL.target,
@@ -165,7 +147,6 @@ OPTIONS = (
     opt("--warmup-steps", 2, "untimed steps after the check"),
     opt("--check-steps", 5, "steps before the bitwise weight check"),
     opt("--strategies", ["single", "ddp", "fsdp"], "the strategies compared with hand-written loops"),
-    opt("--nproc", 2, "processes of a distributed strategy"),
     opt("--batch-size", 0, "per rank; 0: speedup.batch_sizes[0]"),
     opt("--num-features", 0, "0: speedup.num_features"),
     opt("--hidden", None, "hidden widths; default: speedup.model.hidden", type=int, nargs="+"),

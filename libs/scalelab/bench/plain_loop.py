@@ -1,10 +1,7 @@
-"""A hand-written PyTorch training loop: the reference arm of the parity benchmark.
-
-It imports nothing from scalelab (a test checks), so that the benchmark compares the engine's
-step (scalelab.training.loop.Loop.step) with what a user would write by hand: the same MLP, SGD
-with momentum, cross-entropy, gradient clipping, a warm-up + cosine schedule, and DDP or FSDP2
-when a process group is up.
-"""
+"""A hand-written PyTorch training loop, the parity benchmark's reference arm: it imports nothing from
+scalelab (a test checks), so the engine's Loop.step is compared with what a user writes by hand: the
+same MLP, SGD with momentum, cross-entropy, gradient clipping, a warm-up + cosine schedule, and DDP
+or FSDP2 as the caller (who asks its strategy) says."""
 
 from __future__ import annotations
 
@@ -17,13 +14,10 @@ from torch import nn
 
 def build_model(num_features: int, hidden: list[int], num_classes: int, dropout: float) -> nn.Module:
     """Flatten, then Linear-ReLU-Dropout per hidden width, then the output layer."""
-    layers: list[nn.Module] = [nn.Flatten()]
-    width = num_features
-    for h in hidden:
+    widths, layers = [num_features, *hidden], [nn.Flatten()]
+    for width, h in zip(widths, hidden):
         layers += [nn.Linear(width, h), nn.ReLU(), nn.Dropout(dropout)]
-        width = h
-    layers.append(nn.Linear(width, num_classes))
-    return nn.Sequential(*layers)
+    return nn.Sequential(*layers, nn.Linear(widths[-1], num_classes))
 
 
 def lr_factor(k: int, total: int, warmup: int, min_ratio: float) -> float:
@@ -34,39 +28,34 @@ def lr_factor(k: int, total: int, warmup: int, min_ratio: float) -> float:
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-class PlainLoop:
-    """Model (wrapped in DDP, or sharded with FSDP2 layer by layer, when torch.distributed is
-    initialized), SGD, gradient clipping and a warm-up + cosine LR schedule, as written by hand."""
+def local_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """`model`'s parameters and buffers on this rank (of a DTensor, this rank's shard)."""
+    return {k: v.to_local() if hasattr(v, "to_local") else v for k, v in model.state_dict().items()}
 
-    def __init__(
-        self,
-        model: nn.Module,
-        lr: float,
-        momentum: float,
-        *,
-        fsdp: bool = False,
-        clip: float = 0.0,
-        schedule: tuple[int, int, float] | None = None,
-    ) -> None:
+
+class PlainLoop:
+    """Model (`ddp`: called through DistributedDataParallel; `fsdp`: sharded with FSDP2 layer by
+    layer), SGD, gradient clipping and a warm-up + cosine LR schedule (`schedule`: total steps,
+    warm-up steps, min ratio), as written by hand."""
+
+    def __init__(self, model: nn.Module, lr: float, momentum: float, *, ddp=False, fsdp=False, clip=0.0, schedule=None):
         if fsdp:
             from torch.distributed.fsdp import fully_shard
 
             for layer in model:
                 if isinstance(layer, nn.Linear):
                     fully_shard(layer)
-            fully_shard(model)
-        elif torch.distributed.is_available() and torch.distributed.is_initialized():
-            model = nn.parallel.DistributedDataParallel(model)
-        self.model, self.clip = model, clip
+            fully_shard(model)  # in place: `model` holds the shards
+        self.model, self.clip = model, clip  # the plain model, whose weights are compared
+        self.forward = nn.parallel.DistributedDataParallel(model) if ddp else model
         self.optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-        self.scheduler = None
-        if schedule is not None:  # (total steps, warm-up steps, min ratio)
-            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda k: lr_factor(k, *schedule))
+        lambda_lr = torch.optim.lr_scheduler.LambdaLR
+        self.scheduler = lambda_lr(self.optimizer, lambda k: lr_factor(k, *schedule)) if schedule else None
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One optimizer step on one batch; returns the loss (detached)."""
         self.optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(self.model(x), y)
+        loss = F.cross_entropy(self.forward(x), y)
         loss.backward()
         if self.clip > 0:
             nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
@@ -76,6 +65,5 @@ class PlainLoop:
         return loss.detach()
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """This rank's parameters and buffers (DDP wrapper removed; under FSDP its shards)."""
-        model = self.model.module if isinstance(self.model, nn.parallel.DistributedDataParallel) else self.model
-        return {k: v.to_local() if hasattr(v, "to_local") else v for k, v in model.state_dict().items()}
+        """This rank's parameters and buffers (under FSDP its shards)."""
+        return local_state(self.model)

@@ -1,7 +1,6 @@
-"""The benchmarks' figures: medians, paired ratios with a bootstrap 95% interval (the study's,
-resampling whole repeats from a fixed seed), and summary.md: one line per figure with its goal and
-a verdict computed from the value, e.g. `- parity_single: ... 1.004 (95% CI 0.991-1.013); goal <= 1.01: met`.
-"""
+"""The benchmarks' figures: medians, paired ratios with the study's bootstrap 95% interval, and
+summary.md: one line per figure with its goal and a verdict computed from the value, e.g.
+`- parity_single: ... 1.004 (95% CI 0.991-1.013); goal <= 1.01: met`."""
 
 from __future__ import annotations
 
@@ -67,18 +66,14 @@ def median_ratio(arm: Sequence[float], reference: Sequence[float]) -> float:
     return median(paired_ratios(arm, reference))
 
 
-def bootstrap_ci(arm: Sequence[float], reference: Sequence[float]) -> tuple[float, float]:
-    """The bootstrap 95% interval of `median_ratio`, resampling whole repeats (pairs)."""
-    paired_ratios(arm, reference)  # refuses unpaired or empty repeats
-    return bootstrap.median_paired_ratio(arm, reference)
-
-
 def ratio_figures(arm: Sequence[float], reference: Sequence[float]) -> dict[str, object]:
-    """The JSON block of a paired comparison: ratio, its interval and every repeat's ratio."""
+    """The JSON block of a paired comparison: the median ratio, its bootstrap 95% interval (whole
+    repeats, i.e. pairs, resampled) and every repeat's ratio."""
+    ratios = paired_ratios(arm, reference)
     return {
-        "median_ratio": median_ratio(arm, reference),
-        "ci95": list(bootstrap_ci(arm, reference)),
-        "repeat_ratios": paired_ratios(arm, reference),
+        "median_ratio": median(ratios),
+        "ci95": list(bootstrap.median_paired_ratio(arm, reference)),
+        "repeat_ratios": ratios,
         "bootstrap": {"resamples": bootstrap.RESAMPLES, "seed": bootstrap.SEED, "unit": "repeat (pair)"},
     }
 
@@ -99,13 +94,9 @@ def write_figure(out_dir: Path, name: str, text: str, value: Any, goal: Goal, al
     met = goal.met(value, also)
     line = f"- {name}: {text}; goal {goal}: {'not measured' if met is None else 'met' if met else 'not met'}"
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    path, prefix = Path(out_dir) / SUMMARY_FILE, f"- {name}: "
-    lines = path.read_text().splitlines() if path.exists() else []  # benchmarks run one at a time
-    if any(old.startswith(prefix) for old in lines):
-        lines = [line if old.startswith(prefix) else old for old in lines]
-    else:
-        lines.append(line)
-    atomic_write_text(path, "\n".join(lines) + "\n")
+    figures = read_summary(out_dir)  # benchmarks run one at a time
+    figures[name] = line  # in its old line's place, else last
+    atomic_write_text(Path(out_dir) / SUMMARY_FILE, "\n".join(figures.values()) + "\n")
     return line
 
 
