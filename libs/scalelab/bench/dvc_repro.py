@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import operator
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,72 +19,43 @@ from scalelab.config.overrides import parse_overrides
 from scalelab.runtime.paths import PACKAGE_ROOT
 
 METHOD = """\
-A temporary copy of the repository's files (tracked and untracked, not ignored), committed into a
-fresh git repository with its own SQLite MLflow store, params.yaml shrunk by `--set` (default: 2
-epochs, a one-cell study; every stage, dep and out stays). After a first full repro (untimed),
-`no-op`: `--repeats` runs of `dvc repro` with nothing changed (busy ones retried or dropped), wall
-time from process start to exit (`first_noop_s`: the first alone, DVC may still fill its hash
-cache). `incremental`: `--incremental-repeats` times, `--param` is set to a value it never had
-(half, half minus 1, ...: an old one would come from DVC's run cache) and `dvc repro` runs; its
-wall time and the stages run (DVC's "Running stage" lines; goal: exactly `--stage`).
+A temporary copy of the repository's files (tracked and untracked, not ignored), committed into a fresh git
+repository with its own SQLite MLflow store, params.yaml shrunk by `--set` (default: 2 epochs, a one-cell study;
+every stage, dep and out stays). After a first full repro (untimed), `no-op`: `--repeats` runs of `dvc repro` with
+nothing changed (busy ones retried or dropped), wall time from process start to exit (`first_noop_s`: the first
+alone, DVC may still fill its hash cache). `incremental`: `--incremental-repeats` times, `--param` is set to a value
+it never had (half, half minus 1, ...: an old one would come from DVC's run cache) and `dvc repro` runs; its wall
+time and the stages run (DVC's "Running stage" lines; goal: exactly `--stage`).
 """
-OUT_FILE = "dvc.json"
 NOOP = Goal("<=", 2.0, "<= 2 s, nothing rerun")
-DEFAULT_SETS = [
-    "train.epochs=2",
-    "speedup.strategies=[single]",
-    "speedup.world_sizes=[1]",
-    "speedup.batch_sizes=[256]",
-    "speedup.warmup_steps=1",
-    "speedup.timed_steps=1",
-    "speedup.repeats=1",
-]
+DEFAULT_SETS = ["train.epochs=2", "speedup.strategies=[single]", "speedup.world_sizes=[1]", "speedup.batch_sizes=[256]"]
+DEFAULT_SETS += ["speedup.warmup_steps=1", "speedup.timed_steps=1", "speedup.repeats=1"]
 RUNNING = re.compile(r"Running stage '([^']+)'")
 
 
-def _get(tree: dict[str, Any], key: str) -> Any:
-    for part in key.split("."):
-        tree = tree[part]
-    return tree
-
-
-class Repro:
-    """`dvc repro` in the copy: this venv's tools first on PATH, the copy's own store."""
-
-    def __init__(self, dest: Path) -> None:
-        bin_dir = str(Path(sys.executable).parent)
-        self.dest, self.dvc = dest, str(Path(bin_dir) / "dvc")
-        self.env = {
-            **os.environ,
-            "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
-            "MLFLOW_TRACKING_URI": f"sqlite:///{dest / 'mlflow.db'}",
-        }
-
-    def __call__(self) -> tuple[float, list[str]]:
-        """Runs `dvc repro`; returns (wall seconds, stages that ran)."""
-        start = time.perf_counter()
-        proc = subprocess.run([self.dvc, "repro"], cwd=self.dest, env=self.env, capture_output=True, text=True)
-        wall_s = time.perf_counter() - start
-        if proc.returncode != 0:
-            tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-6:])
-            raise RuntimeError(f"dvc repro in {self.dest} exited {proc.returncode}: {tail[-800:]}")
-        return wall_s, RUNNING.findall(proc.stdout + proc.stderr)
+def repro(dest: Path) -> tuple[float, list[str]]:
+    """`dvc repro` in the copy (this venv's tools first on PATH, the copy's own store): wall seconds, stages run."""
+    bin_dir = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}
+    env["MLFLOW_TRACKING_URI"] = f"sqlite:///{dest / 'mlflow.db'}"
+    start = time.perf_counter()
+    proc = pipeline.run([f"{bin_dir}/dvc", "repro"], f"dvc repro in {dest}", cwd=dest, env=env)
+    return time.perf_counter() - start, RUNNING.findall(proc.stdout + proc.stderr)
 
 
 def measure(ctx: harness.Context) -> dict[str, Any]:
     args, dest = ctx.args, ctx.work / "repo"
     sets = DEFAULT_SETS if args.sets is None else args.sets
     pipeline.committed_copy(Path(args.repo), dest, {k: v[0] for k, v in parse_overrides(sets).items()})
-    repro = Repro(dest)
-    first_s, first_stages = repro()  # the whole pipeline, not timed
-    reps = harness.take_repeats(lambda i: repro(), ctx.policy())
+    first_s, first_stages = repro(dest)  # the whole pipeline, not timed
+    reps = harness.take_repeats(lambda i: repro(dest), ctx.policy())
     noop = [{"wall_s": s, "stages": ran} for s, ran in reps.kept]
-    base = _get(yaml.safe_load((dest / "params.yaml").read_text()), args.param)
+    base = functools.reduce(operator.getitem, args.param.split("."), yaml.safe_load((dest / "params.yaml").read_text()))
     incremental = []
     for i in range(args.incremental_repeats):
         value = max(1, base // 2 - i)  # a new value each time: DVC's run cache restores an old one
         pipeline.edit_params(dest, {args.param: value})
-        wall_s, ran = repro()
+        wall_s, ran = repro(dest)
         incremental.append({"wall_s": wall_s, "stages": ran, "value": value})
     noop_s, inc_s = [r["wall_s"] for r in noop], [r["wall_s"] for r in incremental]
     nothing_ran, only = all(not r["stages"] for r in noop), all(r["stages"] == [args.stage] for r in incremental)
@@ -96,11 +68,9 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
     }  # fmt: skip
     text = f"no-op dvc repro {result['noop_median_s']:.2f} s median (max {result['noop_max_s']:.2f} s)"
     ctx.figure("dvc_noop", text, result["noop_median_s"], NOOP, also=nothing_ran, dropped=reps.dropped)
-    ran = sorted({s for r in incremental for s in r["stages"]})
-    text = f"dvc repro after one {args.param} change {result['incremental_median_s']:.2f} s median, stages run: "
-    ctx.figure(
-        "dvc_incremental", text + (", ".join(ran) or "none"), only, Goal("is", True, f"reruns only {args.stage}")
-    )
+    ran = ", ".join(sorted({s for r in incremental for s in r["stages"]})) or "none"
+    text = f"dvc repro after one {args.param} change {result['incremental_median_s']:.2f} s median, stages run: {ran}"
+    ctx.figure("dvc_incremental", text, only, Goal("is", True, f"reruns only {args.stage}"))
     return result
 
 

@@ -13,7 +13,10 @@ import yaml
 
 from scalelab.config import ConfigError, Params, parse_params, read_yaml
 from scalelab.config.overrides import apply, parse_overrides
+from scalelab.data.prepare import prepare
 from scalelab.launch.local import worker_command
+from scalelab.runtime.paths import find_repo
+from scalelab.tracking import runs
 
 SET_HELP = "override a params key, as -S does (repeatable), e.g. --set train.epochs=2"
 SET_OPTION = ("--set", {"dest": "sets", "action": "append", "default": [], "metavar": "KEY=VALUE", "help": SET_HELP})
@@ -33,8 +36,6 @@ def params_tree(path: str | Path, sets: list[str]) -> dict[str, Any]:
 
 def write_params(path: Path, raw: dict[str, Any]) -> Path:
     """A params file inside a repository (a `dvc.yaml` marker when no folder above holds one)."""
-    from scalelab.runtime.paths import find_repo
-
     if find_repo(path.parent) is None:
         (path.parent / "dvc.yaml").write_text("stages: {}\n")
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -47,8 +48,6 @@ def parsed(raw: dict[str, Any]) -> Params:
 
 def prepare_data(raw: dict[str, Any], out: Path) -> Path:
     """`scalelab prepare`'s work in this process: the pipeline's data/prepared, under `out`."""
-    from scalelab.data.prepare import prepare
-
     params = parsed(raw)
     prepare(params.data, out, min_train_samples=params.train.global_batch)
     return out
@@ -58,19 +57,22 @@ def store_env(store_dir: Path, tracking: bool = True) -> dict[str, str]:
     """This environment with a fresh SQLite MLflow store in `store_dir` (its schema made now, untimed)."""
     uri = f"sqlite:///{store_dir / 'mlflow.db'}"
     if tracking:
-        from scalelab.tracking import runs
-
         runs.client(uri).search_experiments()
     return {**os.environ, "MLFLOW_TRACKING_URI": uri}
 
 
-def scalelab(*args: str, cwd: Path | None = None, env: dict | None = None, ok=(0,)) -> subprocess.CompletedProcess:
-    """Runs `scalelab ARGS` in a fresh process; RuntimeError with its output's tail unless its status is `ok`."""
-    proc = subprocess.run(worker_command(list(args)), cwd=cwd, env=env, capture_output=True, text=True)
+def run(cmd: list[str], what: str, ok=(0,), **kw: Any) -> subprocess.CompletedProcess:
+    """Runs `cmd` (`kw`: subprocess.run's), output captured; RuntimeError with its tail unless its status is `ok`."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
     if proc.returncode not in ok:
         tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-6:])
-        raise RuntimeError(f"scalelab {' '.join(args)} exited {proc.returncode}: {tail[-1500:]}")
+        raise RuntimeError(f"{what} exited {proc.returncode}: {tail[-1500:]}")
     return proc
+
+
+def scalelab(*args: str, cwd: Path | None = None, env: dict | None = None, ok=(0,)) -> subprocess.CompletedProcess:
+    """Runs `scalelab ARGS` in a fresh process; RuntimeError with its output's tail unless its status is `ok`."""
+    return run(worker_command(list(args)), f"scalelab {' '.join(args)}", ok, cwd=cwd, env=env)
 
 
 def git(repo: Path, *args: str) -> None:

@@ -12,35 +12,33 @@ from typing import Any
 from scalelab.bench import harness, pipeline, stats
 from scalelab.bench.harness import Goal, opt
 from scalelab.config.loader import ConfigError
+from scalelab.config.overrides import apply
 
 METHOD = """\
-The pipeline's default training: `scalelab train` on params.yaml (changed only by `--set`), a fresh
-process each time, on the pipeline's prepared data (made once in a temporary folder from the same
-params), tracking into a private SQLite MLflow store (schema made before the first timed run). Arms
-`off` and `on` (train.profile.enabled: torch.profiler over wait/warmup/active steps, its trace and
-op tables logged as MLflow artifacts); each repeat runs both, the order alternating; busy repeats
-are retried or dropped. The figure: the whole run's wall time (process start to exit), median over
-repeats of on/off with a bootstrap 95% interval over repeats. For reference: `cpu_time`, the same
-ratio of the CPU time of all the run's processes (RUSAGE_CHILDREN, less moved by other load), and
-`step_time_ms`, the run's own mean step time from metrics.json.
+`scalelab train` on params.yaml (changed only by `--set`) as a fresh process, on the pipeline's prepared data (made
+once from the same params), tracking into a private SQLite MLflow store (schema made before the first timed run).
+Arms `off` and `on` (train.profile.enabled: torch.profiler over wait/warmup/active steps, its trace and op tables
+logged as MLflow artifacts), both in each repeat, the order alternating; busy repeats retried or dropped. Figure:
+the whole run's wall time (process start to exit), median over repeats of on/off with a bootstrap 95% interval. For
+reference: `cpu_time`, the same ratio of the CPU time of all the run's processes (RUSAGE_CHILDREN, less moved by
+other load), and each run's mean `step_time_ms` (its metrics.json).
 """
 GOAL = Goal("<=", 1.05)
 ARMS = ("off", "on")
 
 
 def _train(params_path: Path, data: Path, out: Path, env: dict[str, str]) -> dict[str, Any]:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
+    """One `scalelab train` into `out` (removed after): its wall and CPU seconds, steps and traces."""
+    before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
     pipeline.scalelab("train", "--params", str(params_path), "--data", str(data), "--out", str(out), env=env)
-    wall_s = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # every process of the run, ranks included
-    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    wall_s, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)  # ranks included
     metrics = json.loads((out / "metrics.json").read_text())
     traces = [p.stat().st_size for p in (out / "profile").glob("trace-rank*.json.gz")]
     shutil.rmtree(out, ignore_errors=True)
     return {
-        "wall_s": wall_s, "cpu_s": cpu_s, "step_time_ms": metrics.get("step_time_ms"), "steps": metrics["steps"],
-        "trace_bytes": sum(traces), "traces": len(traces),
+        "wall_s": wall_s, "cpu_s": after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime,
+        "step_time_ms": metrics.get("step_time_ms"), "steps": metrics["steps"], "trace_bytes": sum(traces),
+        "traces": len(traces),
     }  # fmt: skip
 
 
@@ -50,11 +48,8 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
     if raw["train"].get("launcher", "local") != "local":
         raise ConfigError("train.launcher: the profiler benchmark times local runs; use --set train.launcher=local")
     data = pipeline.prepare_data(raw, work / "prepared")
-    paths = {}
-    for arm in ARMS:
-        profile = {**raw["train"].get("profile", {}), "enabled": arm == "on"}
-        tree = {**raw, "train": {**raw["train"], "profile": profile}}
-        paths[arm] = pipeline.write_params(work / f"params-{arm}.yaml", tree)
+    trees = {arm: apply(raw, {"train.profile.enabled": arm == "on"}) for arm in ARMS}
+    paths = {arm: pipeline.write_params(work / f"params-{arm}.yaml", trees[arm]) for arm in ARMS}
     env = pipeline.store_env(work, tracking=raw["tracking"].get("enabled", True))
 
     def take(rep: int) -> dict[str, Any]:  # one repeat: both arms, the order alternating
@@ -62,17 +57,13 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
 
     reps = harness.take_repeats(take, ctx.policy())
     runs = {arm: [r[arm] for r in reps.kept] for arm in ARMS}
-    train = pipeline.parsed(raw).train
-    wall = {arm: [r["wall_s"] for r in runs[arm]] for arm in ARMS}
-    cpu = {arm: [r["cpu_s"] for r in runs[arm]] for arm in ARMS}
-    ratio = stats.ratio_figures(wall["on"], wall["off"])
+    wall, cpu = ({arm: [r[key] for r in runs[arm]] for arm in ARMS} for key in ("wall_s", "cpu_s"))
+    ratio, train = stats.ratio_figures(wall["on"], wall["off"]), pipeline.parsed(raw).train
     result = {
         "params": str(args.params), "overrides": list(args.sets),
-        "train": {"strategy": train.strategy, "nproc_per_node": train.nproc_per_node, "epochs": train.epochs,
-                  "batch_size": train.batch_size,
+        "train": {**{k: getattr(train, k) for k in ("strategy", "nproc_per_node", "epochs", "batch_size")},
                   "profile": {k: getattr(train.profile, k) for k in ("wait", "warmup", "active")}},
-        "repeats": args.repeats, **ratio, "overhead_pct": 100.0 * (ratio["median_ratio"] - 1.0),
-        "median_wall_s": {arm: stats.median(wall[arm]) for arm in ARMS}, "repeat_wall_s": wall,
+        "repeats": args.repeats, **ratio, "median_wall_s": {arm: stats.median(wall[arm]) for arm in ARMS},
         "cpu_time": stats.ratio_figures(cpu["on"], cpu["off"]),  # less moved by other load than wall time
         "median_cpu_s": {arm: stats.median(cpu[arm]) for arm in ARMS}, "runs": runs,
         "target_ratio": GOAL.target, "meets_target": GOAL.met(ratio["median_ratio"]), **reps.json(),

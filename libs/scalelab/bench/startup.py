@@ -17,22 +17,20 @@ import yaml
 
 from scalelab.bench import harness, pipeline, stats
 from scalelab.bench.harness import Goal, opt
-from scalelab.config import DataConfig, build, strategies
-from scalelab.data.prepare import prepare
-from scalelab.launch.local import worker_command
+from scalelab.config import strategies
+from scalelab.data.store import open_split, read_manifest
 from scalelab.runtime.paths import PACKAGE_ROOT, repo_root
 from scalelab.runtime.timings import ENV as TIMINGS_ENV
 
 METHOD = """\
-`scalelab train` runs `--repeats` times as a fresh process from the repository root on the given
-params (data prepared once, untimed), each into a fresh folder, with SCALELAB_TIMINGS set: the
-launcher and every rank append a timestamp at each phase boundary (runtime.timings.mark); the
-SQLite MLflow store's schema is made before the first run. Phases (rank 0, median over repeats,
-s): from one mark to the next (BEFORE and AFTER in bench/startup.py). Fixed cost: wall time less
-the steps; an older startup.json's figures from another commit move to `previous`.
-`vs_handwritten`: each repeat pairs it with benchmarks/handwritten_ddp.py, the order alternating:
-ratios of wall time and of time to rank 0's first step, median over pairs with a paired bootstrap
-95% interval. Busy pairs are retried or dropped (study.busy).
+`scalelab train` runs `--repeats` times as a fresh process from the repository root on the given params (data
+prepared once, untimed), each into a fresh folder, with SCALELAB_TIMINGS set: the launcher and every rank append a
+timestamp at each phase boundary (runtime.timings.mark); the SQLite MLflow store's schema is made before the first
+run. Phases (rank 0, median over repeats, s): from one mark to the next (BEFORE and AFTER in bench/startup.py).
+Fixed cost: wall time less the steps; an older startup.json's figures from another commit move to `previous`.
+`vs_handwritten`: each repeat pairs it with benchmarks/handwritten_ddp.py, the order alternating: ratios of wall
+time and of time to rank 0's first step, median over pairs with a paired bootstrap 95% interval. Busy pairs are
+retried or dropped (study.busy).
 """
 OUT_FILE = "startup.json"
 GOAL = Goal("<", 0.40, "< 40% of previous")  # fixed costs against the previous figures (issue 11)
@@ -49,7 +47,8 @@ SCRIPT = PACKAGE_ROOT / "benchmarks" / "handwritten_ddp.py"
 GOALS = {"wall": Goal("<=", 1.10, "<= 1.10"), "first_step": Goal("<=", 1.5, "<= 1.50")}  # scalelab / by hand
 
 
-def _params(args: Any, folder: Path) -> Path:
+def _params(args: Any, folder: Path) -> tuple[Path, dict[str, Any]]:
+    """The params file to train with (`args`' overrides applied) and its tree."""
     params = yaml.safe_load(Path(args.params).read_text())
     if args.epochs:
         params["train"]["epochs"] = args.epochs
@@ -57,29 +56,17 @@ def _params(args: Any, folder: Path) -> Path:
         params["train"]["strategy"] = args.strategy
         if not strategies.get(args.strategy).parallel:
             params["train"]["nproc_per_node"] = 1
-    params["tracking"]["experiment"] = "bench-startup"
-    params["tracking"]["enabled"] = not args.no_tracking
-    return pipeline.write_params(folder / "params.yaml", params)
+    params["tracking"] |= {"experiment": "bench-startup", "enabled": not args.no_tracking}
+    return pipeline.write_params(folder / "params.yaml", params), params
 
 
 def one_run(params: Path, data: Path, out: Path, env: dict[str, str]) -> dict[str, float]:
     """One `scalelab train`: mark -> seconds since the process start (rank 0), and `steps_trained`."""
-    marks_file = out.with_suffix(".jsonl")
-    env = {**env, TIMINGS_ENV: str(marks_file)}
-    start = time.time()
-    proc = subprocess.run(
-        worker_command(["train", "--params", str(params), "--data", str(data), "--out", str(out)]),
-        cwd=repo_root(),
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    end = time.time()
-    if proc.returncode != 0:
-        raise RuntimeError(f"scalelab train exited with {proc.returncode}: {proc.stderr[-2000:]}")
-    marks = {"start": 0.0, "end": end - start}
-    for line in marks_file.read_text().splitlines():
-        row = json.loads(line)
+    marks_file, start = out.with_suffix(".jsonl"), time.time()
+    args = ["train", "--params", str(params), "--data", str(data), "--out", str(out)]
+    pipeline.scalelab(*args, cwd=repo_root(), env={**env, TIMINGS_ENV: str(marks_file)})
+    marks = {"start": 0.0, "end": time.time() - start}
+    for row in map(json.loads, marks_file.read_text().splitlines()):
         if row["rank"] == 0:  # the launcher (RANK unset) and rank 0; single: one process
             marks.setdefault(row["phase"], row["t"] - start)
     marks.setdefault("worker_cli", marks["launcher_imported"])  # single, dp: no worker process
@@ -90,12 +77,10 @@ def one_run(params: Path, data: Path, out: Path, env: dict[str, str]) -> dict[st
 
 def phases(marks: dict[str, float]) -> dict[str, float]:
     """Phase -> seconds, from one run's marks."""
+    steps = marks["last_step"] - marks["first_step"]
     out = {name: marks[b] - marks[a] for name, a, b in BEFORE + AFTER}
-    out["to_first_step"] = marks["first_step"]
-    out["after_last_step"] = marks["end"] - marks["last_step"]
-    out["steps"] = marks["last_step"] - marks["first_step"]
-    out["wall"] = marks["end"]
-    out["fixed"] = out["wall"] - out["steps"]
+    out |= {"to_first_step": marks["first_step"], "after_last_step": marks["end"] - marks["last_step"], "steps": steps}
+    out |= {"wall": marks["end"], "fixed": marks["end"] - steps}
     out["writer_start_ms"] = 1000.0 * (marks.get("writer_started", 0.0) - marks.get("writer_start", 0.0))
     return out
 
@@ -103,24 +88,17 @@ def phases(marks: dict[str, float]) -> dict[str, float]:
 def measure_runs(ctx: harness.Context) -> tuple[list[dict], list[dict], str, Any]:
     """Pairs of `scalelab train` and the script (where it applies), the order alternating: each
     train run's marks, each script run's figures, why there are none, and the Repeats."""
-    args, work = ctx.args, ctx.work
-    params = _params(args, work)
-    tree = yaml.safe_load(params.read_text())
+    work = ctx.work
+    params, tree = _params(ctx.args, work)
     env = pipeline.store_env(work, tracking=tree["tracking"]["enabled"])  # the schema made, untimed
-    data = work / "prepared"
-    prepare(build(DataConfig, tree["data"]), data)  # not timed
-    script, reason = (None, "tracking is off")
-    if tree["tracking"]["enabled"]:
-        script, reason = command(tree, work / "handwritten-train.pt")
+    data, split = pipeline.prepare_data(tree, work / "prepared"), work / "handwritten-train.pt"  # not timed
+    script, reason = command(tree, split) if tree["tracking"]["enabled"] else (None, "tracking is off")
+    arms = {"scalelab": lambda i: one_run(params, data, work / f"train-{i}", env)}
     if script is not None:
-        training_split(tree, work / "handwritten-train.pt")  # not timed, as `prepare` is not
-    script_env = {k: v for k, v in env.items() if k != TIMINGS_ENV} | {"PYTHONUNBUFFERED": "1"}
-    threads = tree["train"]["threads_per_process"]
-    arms = {
-        "scalelab": lambda i: one_run(params, data, work / f"train-{i}", env),
-        "handwritten": lambda i: run_once(script, work, script_env, threads),
-    }
-    names = ["scalelab", "handwritten"] if script is not None else ["scalelab"]
+        training_split(data, split)  # not timed, as `prepare` is not
+        script_env = {k: v for k, v in env.items() if k != TIMINGS_ENV} | {"PYTHONUNBUFFERED": "1"}
+        arms["handwritten"] = lambda i: run_once(script, work, script_env, tree["train"]["threads_per_process"])
+    names = list(arms)
     reps = harness.take_repeats(lambda i: {n: arms[n](i) for n in (names if i % 2 == 0 else names[::-1])}, ctx.policy())
     return [r["scalelab"] for r in reps.kept], [r["handwritten"] for r in reps.kept if script], reason, reps
 
@@ -133,24 +111,6 @@ def _git_commit() -> str:
     return f"{head}+dirty-{hashlib.sha256(diff).hexdigest()[:8]}" if diff else head
 
 
-def summarize(runs: list[dict[str, float]], args: Any, previous: dict | None) -> dict[str, Any]:
-    per_run = [phases(m) for m in runs]
-    median = {k: statistics.median(p[k] for p in per_run) for k in per_run[0]}
-    fixed = {name: median[name] for name, _, _ in BEFORE + AFTER}
-    largest = max(fixed, key=fixed.get)
-    ratio = median["fixed"] / previous["median_s"]["fixed"] if previous else None
-    return {
-        "params": {"file": args.params, "epochs": args.epochs or "as in params",
-                   "strategy": args.strategy or "as in params", "tracking": not args.no_tracking},
-        "repeats": args.repeats, "current": {"commit": _git_commit(), "median_s": median, "repeats_s": per_run},
-        "largest_fixed_cost": {"phase": largest, "median_s": fixed[largest]},
-        "fixed_fraction_of_wall": median["fixed"] / median["wall"], "raw_marks_s": runs, "previous": previous,
-        "goal": f"fixed cost < {GOAL.target:.0%} of the previous figures", "fixed_vs_previous": ratio,
-        "meets_goal": GOAL.met(ratio),
-        **({"side_by_side_s": {k: [previous["median_s"].get(k), v] for k, v in median.items()}} if previous else {}),
-    }  # fmt: skip
-
-
 def _previous(out_dir: Path) -> dict | None:
     """The figures of an earlier commit: an older startup.json's current (or its previous)."""
     path = out_dir / OUT_FILE
@@ -161,32 +121,46 @@ def _previous(out_dir: Path) -> dict | None:
 
 
 def measure(ctx: harness.Context) -> dict[str, Any]:
-    runs, script_runs, reason, reps = measure_runs(ctx)
-    result = {**summarize(runs, ctx.args, _previous(ctx.out)), **reps.json()}
+    args, (runs, script_runs, reason, reps) = ctx.args, measure_runs(ctx)
     ours = [{"wall": m["end"], "first_step": m["first_step"], "steps": m["steps_trained"]} for m in runs]
-    result["vs_handwritten"] = compare(ours, script_runs) if script_runs else {"not_measured": reason}
-    figures(ctx, result["vs_handwritten"] if script_runs else None, reason, reps.dropped)
-    med, prev, big = result["current"]["median_s"], result["previous"], result["largest_fixed_cost"]
-    text = (
-        f"fixed cost {med['fixed']:.2f} s of {med['wall']:.2f} s wall ({med['to_first_step']:.2f} s to the first "
-        f"step, {med['after_last_step']:.2f} s after the last); largest {big['phase']} {big['median_s']:.2f} s"
-        + (f"; {result['fixed_vs_previous']:.2f}x the previous {prev['median_s']['fixed']:.2f} s" if prev else "")
-    )
-    ctx.figure("startup_fixed_cost", text, result["fixed_vs_previous"], GOAL, dropped=reps.dropped)
-    return result
+    versus = compare(ours, script_runs) if script_runs else {"not_measured": reason}
+    for figure, goal in GOALS.items():
+        name, fig = f"startup_vs_handwritten_{figure}", versus.get(figure)
+        if fig is None:
+            ctx.figure(name, f"not measured: {reason}", None, goal)
+            continue
+        pairs = f"; medians {stats.median(fig['scalelab_s']):.2f} s vs {stats.median(fig['handwritten_s']):.2f} s"
+        text = f"scalelab train / hand-written torchrun script {figure.replace('_', ' ')} "
+        text += stats.ratio_text(fig, inner=f"{pairs} over {len(fig['scalelab_s'])} interleaved pairs")
+        ctx.figure(name, text, fig["median_ratio"], goal, dropped=reps.dropped)
+    per_run, previous = [phases(m) for m in runs], _previous(ctx.out)
+    med = {k: statistics.median(p[k] for p in per_run) for k in per_run[0]}
+    fixed = {name: med[name] for name, _, _ in BEFORE + AFTER}
+    big = max(fixed, key=fixed.get)
+    ratio = med["fixed"] / previous["median_s"]["fixed"] if previous else None
+    text = f"fixed cost {med['fixed']:.2f} s of {med['wall']:.2f} s wall ({med['to_first_step']:.2f} s to the first "
+    text += f"step, {med['after_last_step']:.2f} s after the last); largest {big} {fixed[big]:.2f} s"
+    if previous:
+        text += f"; {ratio:.2f}x the previous {previous['median_s']['fixed']:.2f} s"
+    ctx.figure("startup_fixed_cost", text, ratio, GOAL, dropped=reps.dropped)
+    return {
+        "params": {"file": args.params, "epochs": args.epochs or "as in params",
+                   "strategy": args.strategy or "as in params", "tracking": not args.no_tracking},
+        "repeats": args.repeats, "current": {"commit": _git_commit(), "median_s": med, "repeats_s": per_run},
+        "largest_fixed_cost": {"phase": big, "median_s": fixed[big]},
+        "fixed_fraction_of_wall": med["fixed"] / med["wall"], "raw_marks_s": runs, "previous": previous,
+        "goal": f"fixed cost < {GOAL.target:.0%} of the previous figures", "fixed_vs_previous": ratio,
+        "meets_goal": GOAL.met(ratio), "vs_handwritten": versus, **reps.json(),
+        **({"side_by_side_s": {k: [previous["median_s"].get(k), v] for k, v in med.items()}} if previous else {}),
+    }  # fmt: skip
 
 
-def training_split(params: dict[str, Any], path: Path) -> Path:
-    """The script's data: digits split as `prepare` splits them, one tensor file."""
+def training_split(data: Path, path: Path) -> Path:
+    """The script's data: `prepare`'s training split in `data` (its features flattened), as one tensor file."""
     import torch
-    from sklearn.datasets import load_digits
 
-    data = params["data"]
-    x, y = load_digits(return_X_y=True)
-    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(data.get("seed", 0)))
-    held_out = round(data.get("test_fraction", 0.2) * len(x)) + round(data.get("val_fraction", 0.1) * len(x))
-    train = order[: len(x) - held_out]
-    torch.save({"x": torch.tensor(x[train] / 16.0, dtype=torch.float32), "y": torch.tensor(y[train])}, path)
+    arrays = open_split(data, "train", read_manifest(data)).arrays
+    torch.save({"x": torch.tensor(arrays["x"]).flatten(1), "y": torch.tensor(arrays["y"])}, path)
     return path
 
 
@@ -212,10 +186,8 @@ def command(params: dict[str, Any], split: Path) -> tuple[list[str] | None, str]
 def run_once(cmd: list[str], cwd: Path, env: dict[str, str], threads: int) -> dict[str, float]:
     """One run of the script: wall time and time to its first step, in seconds from the start."""
     start = time.time()
-    proc = subprocess.run(cmd, cwd=cwd, env={**env, "OMP_NUM_THREADS": str(threads)}, capture_output=True, text=True)
+    proc = pipeline.run(cmd, "the hand-written script", cwd=cwd, env={**env, "OMP_NUM_THREADS": str(threads)})
     end = time.time()
-    if proc.returncode != 0:
-        raise RuntimeError(f"the hand-written script exited with {proc.returncode}: {proc.stderr[-2000:]}")
     said = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if line.startswith(("first_step_at", "steps")))
     return {"wall": end - start, "first_step": float(said["first_step_at"]) - start, "steps": int(said["steps"])}
 
@@ -234,20 +206,6 @@ def compare(ours: list[dict[str, float]], handwritten: list[dict[str, float]]) -
     return out
 
 
-def figures(ctx: Any, result: dict[str, Any] | None, reason: str, dropped: list) -> None:
-    for figure, goal in GOALS.items():
-        name = f"startup_vs_handwritten_{figure}"
-        if result is None:
-            ctx.figure(name, f"not measured: {reason}", None, goal)
-            continue
-        fig = result[figure]
-        pairs = f"; medians {stats.median(fig['scalelab_s']):.2f} s vs {stats.median(fig['handwritten_s']):.2f} s"
-        pairs += f" over {len(fig['scalelab_s'])} interleaved pairs"
-        text = f"scalelab train / hand-written torchrun script {figure.replace('_', ' ')} "
-        text += stats.ratio_text(fig, inner=pairs)
-        ctx.figure(name, text, fig["median_ratio"], goal, dropped=dropped)
-
-
 OPTIONS = (
     opt("--params", "params.yaml", "the params to train with"),
     opt("--repeats", 3, "timed runs of scalelab train, each paired with the hand-written script's"),
@@ -255,4 +213,4 @@ OPTIONS = (
     opt("--strategy", "", "override train.strategy (empty: keep)"),
     opt("--no-tracking", False, "tracking.enabled: false (tests)"),
 )
-BENCH = harness.Benchmark("startup", "startup.json", METHOD, measure, OPTIONS)
+BENCH = harness.Benchmark("startup", OUT_FILE, METHOD, measure, OPTIONS)
