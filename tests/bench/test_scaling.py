@@ -8,25 +8,31 @@ N cells is N distinct cells is checked on its plan; the slope of a curve is `fit
 import csv
 import json
 import math
+import subprocess
 
 import pytest
+import yaml
 
 from scalelab.bench import scaling, stats
 from scalelab.cli import main
 from scalelab.config import parse_params
 from scalelab.launch.shape import local_capacity
+from scalelab.runtime import disturbance
 from scalelab.study.plan import plan
 
 TINY = ["--cells", "1", "2", "--run-steps", "10", "20"]
+QUIET = {"repeats": 1, "max_share": 1.0, "max_retries": 0}  # every try kept: xdist workers share the machine
 
 
-def known_study(cells, work):
-    return {"wall_s": [2.0 * n for n in cells], "per_cell_s": [2.0 for _ in cells]}  # 2 s a cell: linear
+def known_study(cells, work, policy):
+    assert policy == {"repeats": 1, "max_share": 0.25, "max_retries": 3}  # the harness's busy-repeat defaults
+    return {"wall_s": [2.0 * n for n in cells], "per_cell_s": [2.0 for _ in cells], "dropped": []}  # 2 s a cell
 
 
-def known_reproduce(run_steps, work):
+def known_reproduce(run_steps, work, policy):
     train_s = [s / 10 for s in run_steps]  # 1 s and 2 s of training, plus a fixed 10 s
-    return {"reproduce_s": [t + 10 for t in train_s], "train_s": train_s, "steps": run_steps, "matched": [True, True]}
+    reproduce_s = [t + 10 for t in train_s]
+    return {"reproduce_s": reproduce_s, "train_s": train_s, "steps": run_steps, "matched": [True, True], "dropped": []}
 
 
 def others_figures(out):
@@ -84,8 +90,9 @@ def test_scaling_fits_the_others_curves_and_its_own_and_writes_verdicts_plot_and
         assert lines[f"scaling_{name}"].endswith(": met" if curve["slope"] <= 1.1 else ": not met")
     assert lines["scaling_checkpoint_save_vs_parameters"].endswith(": not met")
     assert lines["scaling_reproduce_vs_run_length"].endswith(
-        f"; {rep['note']}; goal linear or better (slope <= 1.1): met"
+        f"; {rep['note']}; 0 busy repeats dropped; goal linear or better (slope <= 1.1): met"
     )
+    assert "busy" not in lines["scaling_prepare_time_vs_csv_rows"]  # read from data.json: its own figure says it
     assert [p.name for p in (workdir / "bench").iterdir() if p.name.startswith(".")] == []  # work folder removed
 
 
@@ -103,6 +110,22 @@ def test_a_curve_whose_benchmark_did_not_run_is_not_measured(workdir, monkeypatc
     assert lines["scaling_prepare_time_vs_csv_rows"].endswith(": not measured")
 
 
+def test_a_busy_study_is_retried_in_a_fresh_folder_and_its_drop_counted(tmp_path, monkeypatch):
+    held = iter([0.9, 0.0, 0.0])  # the 1-cell study's first try busy: others held 90% of the CPU
+    monkeypatch.setattr(disturbance, "share", lambda *a, **k: disturbance.Share(next(held), 0.0, 1.0))
+    ran = []
+
+    def fake_scalelab(*args, cwd, env):
+        ran.append(cwd.name)
+        cells = len(yaml.safe_load((cwd / "params.yaml").read_text())["speedup"]["batch_sizes"])
+        return subprocess.CompletedProcess(args, 0, "", "measuring \n" * cells)
+
+    monkeypatch.setattr(scaling.pipeline, "scalelab", fake_scalelab)
+    got = scaling.study_costs([1, 2], tmp_path, {"repeats": 1, "max_share": 0.25, "max_retries": 1})
+    assert ran == ["study-1-0", "study-1-1", "study-2-0"] and len(got["wall_s"]) == 2
+    assert [d["others_cpu_share"] for d in got["dropped"]] == [0.9]
+
+
 def test_a_study_of_n_cells_plans_n_distinct_runnable_cells():
     cells = plan(parse_params(scaling.study_params(4), "params").speedup, local_capacity())
     assert [c.name for c in cells] == ["ddp-w1", "ddp-w1-b65", "ddp-w1-b66", "ddp-w1-b67"]
@@ -111,18 +134,18 @@ def test_a_study_of_n_cells_plans_n_distinct_runnable_cells():
 
 @pytest.mark.integration
 def test_the_whole_command_curves_time_a_real_study_and_a_real_reproduce(tmp_path):
-    study = scaling.study_costs([1], tmp_path)  # raises unless the study measured exactly 1 cell
-    assert study["wall_s"][0] > 0 and study["per_cell_s"] == study["wall_s"]
-    with (tmp_path / "study-1/out/speedup.csv").open() as f:  # the study's own table: the cell ran
+    study = scaling.study_costs([1], tmp_path, QUIET)  # raises unless the study measured exactly 1 cell
+    assert study["wall_s"][0] > 0 and study["per_cell_s"] == study["wall_s"] and study["dropped"] == []
+    with (tmp_path / "study-1-0/out/speedup.csv").open() as f:  # the study's own table: the cell ran
         assert [(row["name"], row["status"]) for row in csv.DictReader(f)] == [("ddp-w1", "ok")]
-    rep = scaling.reproduce_costs([10], tmp_path)  # the same MLflow store, as in the benchmark
+    rep = scaling.reproduce_costs([10], tmp_path, QUIET)  # the same MLflow store, as in the benchmark
     assert rep["steps"] == [10] and rep["matched"] == [True]  # the run planned 10 steps; reproduce matched
     assert 0 < rep["train_s"][0] and 0 < rep["reproduce_s"][0]
 
 
 def test_run_lengths_that_are_not_whole_epochs_are_refused_before_anything_runs(tmp_path):
     with pytest.raises(ValueError, match=r"--run-steps \[15\]: each must be a multiple of 10"):
-        scaling.reproduce_costs([15, 20], tmp_path)
+        scaling.reproduce_costs([15, 20], tmp_path, QUIET)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -131,7 +154,7 @@ def test_run_lengths_that_are_not_whole_epochs_are_refused_before_anything_runs(
 )
 def test_fit_gives_the_log_log_slope_and_its_verdict(costs, growth):
     got = scaling.fit([10, 100, 1000], costs)
-    assert got["growth"] == growth and got["linear_or_better"] == (growth != "worse than linear")
+    assert got["growth"] == growth and got["local_slopes"] == pytest.approx([got["slope"]] * 2)
     assert got["slope"] == pytest.approx(
         {"linear": 1.0, "sub-linear": 0.30103, "worse than linear": 2.0}[growth], rel=1e-4
     )

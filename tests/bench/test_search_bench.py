@@ -8,6 +8,7 @@ import pytest
 
 from helpers import REPO
 from scalelab.bench import harness, search, stats
+from scalelab.runtime import disturbance
 
 
 def args(*argv):
@@ -42,6 +43,22 @@ def test_the_verdict_is_tpe_against_random(tmp_path, monkeypatch, tpe, rnd, verd
         and f"tpe_median best val_loss {'none' if tpe[0] is None else f'{tpe[0]:.4f}'}" in line
     )
     assert result["meets_goal"] == {"met": True, "not met": False, "not measured": None}[verdict]
+    assert "; 0 busy repeats dropped; goal " in line and result["dropped"] == []
+
+
+def test_a_busy_repeat_is_run_again_on_the_next_seed_and_dropped(tmp_path, monkeypatch):
+    held = iter([0.9, 0.0, 0.0])  # the first repeat busy: others held 90% of the CPU
+    monkeypatch.setattr(disturbance, "share", lambda *a, **k: disturbance.Share(next(held), 0.0, 1.0))
+
+    def arm(work, name, a, seed, data):
+        return {"arm": name, "seed": seed, "best_val_loss": 0.1, "compute_steps": 100, "wall_s": 1.0}
+
+    monkeypatch.setattr(search, "run_arm", arm)
+    monkeypatch.setattr("scalelab.data.prepare.prepare", lambda cfg, out: None)
+    result = harness.run(search.BENCH, args("--repeats", "2"), tmp_path)
+    assert [r["seed"] for r in result["runs"]] == [1, 1, 1, 2, 2, 2]  # every arm of the kept repeats, seed 0 dropped
+    assert [d["others_cpu_share"] for d in result["dropped"]] == [0.9]
+    assert "; 1 busy repeat dropped (" in stats.read_summary(tmp_path)["search"]
 
 
 def test_each_arm_trains_the_shrunk_params_on_the_same_budget(tmp_path):
@@ -54,7 +71,7 @@ def test_each_arm_trains_the_shrunk_params_on_the_same_budget(tmp_path):
 @pytest.mark.integration
 def test_a_tiny_search_runs_every_arm_for_real(tmp_path):
     out = tmp_path / "bench"
-    harness.run(search.BENCH, args("--trials", "2", "--epochs", "1", "--parallel", "1"), out)
+    harness.run(search.BENCH, args("--trials", "2", "--epochs", "1", "--parallel", "1", "--max-busy-share", "1"), out)
     result = json.loads((out / "search.json").read_text())
     assert [r["arm"] for r in result["runs"]] == list(search.ARMS)
     for run in result["runs"]:

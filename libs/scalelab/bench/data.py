@@ -7,7 +7,6 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,21 +15,21 @@ from scalelab.bench.harness import Goal, opt, timed
 from scalelab.runtime import dist, memory
 
 METHOD = """\
-Per size (`--sizes-mb` of text = byte tokens, 1 MB files cut from the standard library's .py
-files): `prepare` (data.source text) in a fresh process, timed after its imports, its peak memory
-the VmHWM above its start; `verify` and `verify(full=True)` timed once, files in the page cache;
-then a DDP job of `--nproc` gloo ranks: each maps the split and fetches every sample of its share
-once, then trains the GPT workload with training's RunLoader for `--steps` steps per arm and
-repeat, num_workers arms interleaved (busy repeats retried or dropped). Per-rank RssAnon after the
-full pass and after the steps; loader wait = wait / (wait + compute) over a repeat, median over
-repeats, on the rank that waited most. Slopes: least squares of log(figure) on log(size). A 10 GB
-sparse token file (no disk used) is checked as start-up checks it. `csv_rows`: `prepare` of CSVs
-of R rows x 32 features + label (data.source file), each in a fresh process the same way.
+Per size (`--sizes-mb` of text as byte tokens, 1 MB files cut from the standard library's .py files): `prepare`
+(data.source text) in a fresh process, timed after its imports, its peak memory the VmHWM above its start; `verify`
+and `verify(full=True)` timed once, files in the page cache; a DDP job of `--nproc` gloo ranks, each fetching every
+sample of its share of the mapped split once, then training the GPT workload with training's RunLoader for `--steps`
+steps per num_workers arm and repeat, arms interleaved (busy repeats retried, then dropped). Per-rank RssAnon after
+the full pass and after the steps; loader wait: wait / (wait + compute) over a repeat on the rank that waited most,
+median over repeats. Slopes: least squares of log(figure) on log(size). A sparse 10 GB token file (no disk used) is
+checked as start-up checks it. `csv_rows`: `prepare` of CSVs of R rows x 32 features + label (data.source file), each
+in a fresh process the same way.
 """
 RSS, PREPARE, PEAK = Goal("<", 0.1), Goal("<=", 1.1), Goal("<", 0.1, "< 0.1 (bounded)")
 WAIT, VERIFY = Goal("<=", 0.05, "<= 5%"), Goal("<", 2.0, "< 2 s")
 GPT = {"vocab_size": 256, "seq_len": 64, "d_model": 64, "layers": 2, "heads": 2}
 FILE_BYTES, TOUCH_SAMPLES = 1 << 20, 128  # a training fetch's size: the allocator reuses its blocks
+RSS_KEYS = ("rss_anon_before_data_mb", "rss_anon_after_full_pass_mb", "rss_anon_after_steps_mb")
 PREPARE_CHILD = """\
 import json, sys, time
 import numpy, pandas  # imported before the timed part, as prepare's own imports would be
@@ -54,10 +53,7 @@ def write_corpus(folder: Path, size_mb: int) -> Path:
     folder.mkdir(parents=True)
     for i in range(size_mb):
         offset = (i * 7919 * 1031) % len(base)
-        piece = (base[offset:] + base)[:FILE_BYTES]
-        while len(piece) < FILE_BYTES:
-            piece += base[: FILE_BYTES - len(piece)]
-        (folder / f"part{i:05d}.py").write_bytes(piece)
+        (folder / f"part{i:05d}.py").write_bytes((base[offset:] + base * (FILE_BYTES // len(base) + 1))[:FILE_BYTES])
     return folder
 
 
@@ -72,60 +68,43 @@ def prepare_child(cfg: dict[str, Any], out: Path, *seq_len: int) -> dict[str, fl
     return {"prepare_s": got["prepare_s"], "prepare_peak_mb": peak, "prepare_peak_above_start_mb": above}
 
 
-def _touch_every_sample(split: Any, env: Any) -> int:
-    """Fetches this rank's share of the split once; returns the samples fetched."""
-    from scalelab.training.sampler import RankBatches
-
-    world, batch = env.world_size, max(min(TOUCH_SAMPLES, len(split) // env.world_size), 1)
-    num = len(split) // (batch * world)
-    sampler = RankBatches(len(split), world_size=world, rank=env.rank, batch_size=batch, num_batches=num, seed=0)
-    return sum(len(split.fetch(indices)[0]) for indices in sampler)
-
-
-def _rank(spec: dict[str, Any], env: Any) -> dict[str, Any]:
+def measure_rank(spec: dict[str, Any]) -> dict[str, Any]:
+    """One rank of the DDP job: RssAnon before and after its full pass over its share and the loader arms."""
     from scalelab.data.store import open_split, verify
     from scalelab.training.loader import RunLoader
     from scalelab.training.plan import RunPlan
+    from scalelab.training.sampler import RankBatches
 
-    start = time.perf_counter()
-    manifest = verify(spec["data"])
-    verify_s = time.perf_counter() - start
-    classes = manifest["num_classes"]
+    env, manifest = dist.read_env(), verify(spec["data"])
     strategy = "ddp" if env.world_size > 1 else "single"
-    spec = {**spec, "workload": "gpt", "input_shape": [], "num_classes": classes, "strategy": strategy}
+    spec = {**spec, "workload": "gpt", "input_shape": [], "num_classes": manifest["num_classes"], "strategy": strategy}
     rank = harness.rank_loop(spec | {"optim": {"name": "adamw", "lr": 3e-3}, "batch": 1})
-    rss_before_mb = memory.status_kib("RssAnon") / 1024
+    rss = [memory.status_kib("RssAnon") / 1024]
     split = open_split(spec["data"], "train", manifest, seq_len=rank.wl.seq_len)
-    touched = _touch_every_sample(split, env)
-    rss_touched_mb = memory.status_kib("RssAnon") / 1024
-    batch = spec["batch_size"]
-    steps = len(split) // (batch * env.world_size)
-    world = env.world_size
+    world, touch = env.world_size, max(min(TOUCH_SAMPLES, len(split) // env.world_size), 1)
+    order = {"world_size": world, "rank": env.rank, "batch_size": touch, "num_batches": len(split) // (touch * world)}
+    mine = {"samples_fetched": sum(len(split.fetch(i)[0]) for i in RankBatches(len(split), **order, seed=0))}
+    rss.append(memory.status_kib("RssAnon") / 1024)
+    batch, steps = spec["batch_size"], len(split) // (spec["batch_size"] * world)
     plan = RunPlan(
         world_size=world, per_rank_batch=batch, grad_accum_steps=1, global_batch=batch * world,
         steps_per_epoch=steps, total_steps=steps,
     )  # fmt: skip
     loaders = {str(w): RunLoader(split, plan, env, seed=0, num_workers=int(w)) for w in spec["workers"]}
-    times, reps = loader.time_arms(rank.loop, loaders, spec["steps"], 1, spec["busy"], 1, warmup=2)
-    mine = {"verify_s": verify_s, "rss_anon_before_data_mb": rss_before_mb}
-    mine |= {"rss_anon_after_full_pass_mb": rss_touched_mb}
-    mine |= {"rss_anon_after_steps_mb": memory.status_kib("RssAnon") / 1024, "samples_fetched": touched, "times": times}
-    return {"ranks": dist.all_gather_object(mine), "samples": len(split), **reps.json(), "is_main": env.is_main}
-
-
-def measure_rank(spec: dict[str, Any]) -> dict[str, Any]:
-    """One rank of the DDP job; the model (and its DDP reducer) goes before the process group."""
-    result = _rank(spec, dist.read_env())
+    mine["times"], reps = loader.time_arms(rank.loop, loaders, spec["steps"], 1, spec["busy"], 1, warmup=2)
+    mine |= dict(zip(RSS_KEYS, [*rss, memory.status_kib("RssAnon") / 1024]))
+    result = {"ranks": dist.all_gather_object(mine), "samples": len(split), **reps.json(), "is_main": env.is_main}
+    del rank, loaders  # the model (and its DDP reducer) goes before the process group
     dist.shutdown()
     return result
 
 
 def measure_size(ctx: harness.Context, size_mb: int) -> dict[str, Any]:
+    """One size: its corpus prepared and checked here, then the DDP job on it."""
     from scalelab.data.store import verify
 
-    args, work = ctx.args, ctx.work
-    corpus = write_corpus(work / f"corpus-{size_mb}", size_mb)
-    data = work / f"prepared-{size_mb}"
+    args, data = ctx.args, ctx.work / f"prepared-{size_mb}"
+    corpus = write_corpus(ctx.work / f"corpus-{size_mb}", size_mb)
     text = {"source": "text", "text": {"path": str(corpus)}}
     row = {"size_mb": size_mb, **prepare_child(text, data, args.model["seq_len"])}
     shutil.rmtree(corpus)
@@ -136,12 +115,9 @@ def measure_size(ctx: harness.Context, size_mb: int) -> dict[str, Any]:
     ranks = ctx.ranks("data", spec, f"size-{size_mb}", nproc=args.nproc)
     shutil.rmtree(data)
     row |= {"train_samples": ranks["samples"], "dropped": ranks["dropped"], "disturbance": ranks["disturbance"]}
-    row["rank_verify_s"] = [r["verify_s"] for r in ranks["ranks"]]
-    for key in ("samples_fetched", *(f"rss_anon_{k}_mb" for k in ("before_data", "after_full_pass", "after_steps"))):
-        row[key] = [r[key] for r in ranks["ranks"]]
+    row |= {key: [r[key] for r in ranks["ranks"]] for key in ("samples_fetched", *RSS_KEYS)}
     per_rank = {arm: [r["times"][arm] for r in ranks["ranks"]] for arm in map(str, args.workers)}
-    row["loader"] = {arm: loader.arm_figures(times, args.steps) for arm, times in per_rank.items()}
-    return row
+    return row | {"loader": {arm: loader.arm_figures(times, args.steps) for arm, times in per_rank.items()}}
 
 
 def sparse_10gb_check_s(work: Path) -> float:
@@ -157,8 +133,7 @@ def sparse_10gb_check_s(work: Path) -> float:
     with path.open("r+b") as fh:
         fh.truncate(writer._data_offset + writer.rows)
     entry = {"file": path.name, "dtype": "|u1", "shape": [writer.rows], "bytes": path.stat().st_size}
-    entry.update(sha256="", probe_sha256=arrays.probe_digest(path))
-    took = timed(arrays.check_file, work, entry)
+    took = timed(arrays.check_file, work, entry | {"sha256": "", "probe_sha256": arrays.probe_digest(path)})
     path.unlink()
     return took
 
@@ -176,8 +151,14 @@ def csv_rows(rows: list[int], work: Path) -> dict[str, list[float]]:
         got.append(prepare_child({"source": "file", "file": {"path": str(csv), "label_column": "label"}}, work / "p"))
         csv.unlink()
         shutil.rmtree(work / "p")
-    keys = ("prepare_s", "prepare_peak_mb", "prepare_peak_above_start_mb")
-    return {"rows": rows, **{k: [g[k] for g in got] for k in keys}}
+    return {"rows": rows, **{key: [g[key] for g in got] for key in got[0]}}
+
+
+SLOPES = {  # JSON slope -> (figure, goal, what its line says, the rows' key; the steepest rank's counts)
+    "rss_anon_per_rank": ("data_rss_anon_slope", RSS, "per-rank RssAnon", "rss_anon_after_full_pass_mb"),
+    "prepare_time": ("data_prepare_slope", PREPARE, "prepare time", "prepare_s"),
+    "prepare_peak_memory": ("data_prepare_peak_slope", PEAK, "prepare peak memory", "prepare_peak_above_start_mb"),
+}
 
 
 def measure(ctx: harness.Context) -> dict[str, Any]:
@@ -186,36 +167,22 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
     args = ctx.args
     rows = [measure_size(ctx, size) for size in sorted(args.sizes_mb)]
     sparse_s = sparse_10gb_check_s(ctx.work)
-    sizes = [r["size_mb"] for r in rows]
-    slope = lambda series: fit(sizes, series)["slope"] if len(rows) > 1 else None  # noqa: E731
-    rss = [slope([r["rss_anon_after_full_pass_mb"][k] for r in rows]) for k in range(args.nproc)]
-    slopes = {
-        "rss_anon_per_rank": max(rss) if len(rows) > 1 else None,
-        "prepare_time": slope([r["prepare_s"] for r in rows]),
-        "prepare_peak_memory": slope([r["prepare_peak_above_start_mb"] for r in rows]),
-    }
-    wait = {arm: max(r["loader"][arm]["wait_fraction"] for r in rows) for arm in map(str, args.workers)}
-    span, dropped = f"{sizes[0]}-{sizes[-1]} MB", [d for r in rows for d in r["dropped"]]
-    for name, key, goal, what in (
-        ("data_rss_anon_slope", "rss_anon_per_rank", RSS, "per-rank RssAnon log-log slope"),
-        ("data_prepare_slope", "prepare_time", PREPARE, "prepare time log-log slope"),
-        ("data_prepare_peak_slope", "prepare_peak_memory", PEAK, "prepare peak memory log-log slope"),
-    ):
-        value = slopes[key]
-        text = f"{what} {value:.3f} over {span}" if value is not None else f"{what}: one size only"
+    sizes, dropped, slopes = [r["size_mb"] for r in rows], [d for r in rows for d in r["dropped"]], {}
+    span = f"{sizes[0]}-{sizes[-1]} MB"
+    for key, (name, goal, what, column) in SLOPES.items():
+        per_row = [r[column] if isinstance(r[column], list) else [r[column]] for r in rows]  # RssAnon: one a rank
+        value = slopes[key] = max(fit(sizes, list(s))["slope"] for s in zip(*per_row)) if len(rows) > 1 else None
+        text = f"{what} log-log slope {value:.3f} over {span}" if value is not None else f"{what}: one size only"
         ctx.figure(name, text, value, goal)
     text = f"start-up check of a 10 GB split {sparse_s * 1000:.1f} ms (sparse file)"
     ctx.figure("data_verify_10gb", text, sparse_s, VERIFY)
+    wait = {arm: max(r["loader"][arm]["wait_fraction"] for r in rows) for arm in map(str, args.workers)}
     for arm, frac in wait.items():
         text = f"step time waiting for data {100 * frac:.2f}% at num_workers {arm} (worst of {span}, GPT on text)"
         ctx.figure(f"data_loader_wait_workers{arm}", text, frac, WAIT, dropped=dropped)
     return {
-        "sizes_mb": sizes, "rows": rows, "slopes": slopes, "verify_10gb_sparse_s": sparse_s,
-        "loader_wait_fraction_worst_size": wait,
+        "rows": rows, "slopes": slopes, "verify_10gb_sparse_s": sparse_s, "loader_wait_fraction_worst_size": wait,
         "csv_rows": csv_rows(args.csv_rows, ctx.work) if args.csv_rows[0] else None,
-        "goals": {"rss_anon_slope_lt": RSS.target, "prepare_time_slope_le": PREPARE.target,
-                  "prepare_peak_slope_lt": PEAK.target, "loader_wait_fraction_le": WAIT.target,
-                  "verify_10gb_s_lt": VERIFY.target},
         "settings": {k: getattr(args, k) for k in ("repeats", "steps", "workers", "batch_size", "model", "nproc")},
     }  # fmt: skip
 
