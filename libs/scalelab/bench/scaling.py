@@ -51,7 +51,7 @@ UNITS = {  # curve -> (the benchmark that measures it, size, cost)
 STUDY = {  # one setup (ddp-w1) on any machine; cell i runs batch 64 + i: nearly equal work, a distinct cell each
     "workload": "mlp", "model": {"hidden": [64], "dropout": 0.0}, "num_features": 32, "strategies": ["ddp"],
     "world_sizes": [1], "precisions": ["fp32"], "compile": [False], "device": "cpu", "warmup_steps": 1,
-    "timed_steps": 2, "repeats": 2,
+    "timed_steps": 2, "repeats": 2, "max_others_cpu_share": 1.0,  # busy: the harness retries the whole study
 }  # fmt: skip
 STEPS_PER_EPOCH = 10  # of RUN_DATA's 457 synthetic samples, 320 train (46 val, 91 test): 10 steps of 32
 RUN_DATA = {"source": "synthetic", "synthetic": {"num_samples": 457, "num_features": 32}}
