@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from helpers import TINY_STUDY as TINY
-from helpers import run_cli, tiny_params, write_params
+from helpers import ok_or_busy, run_cli, tiny_params, write_params
 from scalelab.config import SpeedupConfig, build
 from scalelab.launch.shape import Capacity, local_capacity
 from scalelab.study.plan import plan
@@ -77,7 +77,8 @@ def test_batch_precision_and_compile_cells_measure_what_their_rows_say(workdir):
     assert len(fp16) == 2 * len(setups) and (fp16.status == "skipped").all()
     assert fp16.reason.str.contains(FP16_REASON).all() and (fp16.samples_per_s_median == "").all()
     ran = frame[frame.precision != "fp16"]
-    assert (ran.status == "ok").all(), ran.reason.to_dict()
+    assert ok_or_busy(ran) and (ran.strategy == "single").any(), ran.reason.to_list()
+    assert (ran[ran.strategy == "single"].status == "ok").all()  # the baselines: nothing to compare to
     assert sorted(set(ran.batch_size.astype(int))) == [64, 256] and set(ran.precision) == {"fp32", "bf16"}
     check_cells_ran_their_rows(out, frame)
     batch = pd.read_csv(out / "speedup_batch.csv")
