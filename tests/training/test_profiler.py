@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import shutil
 
 import pytest
 from mlflow import MlflowClient
@@ -9,14 +10,22 @@ from mlflow import MlflowClient
 from helpers import run_cli, tiny_params, write_params
 
 pytestmark = pytest.mark.integration
+# In one CI run of the whole suite (2026-12-06; in none of 12 runs of this test alone under load),
+# rank 0 aborted right after torch 2.13's profiler started: glibc found its heap corrupted. Not
+# reproduced, so not fixed; the test reruns the job once on that message alone (issue 30's notes)
+HEAP_CRASH = "malloc(): unsorted double linked list corrupted"
 
 
-@pytest.mark.slow  # a profiled training job
-def test_every_rank_trace_is_logged_loads_and_has_its_size(workdir, prepared_digits, tmp_path):
+def plant_stale(workdir):
     stale = workdir / "results/train/profile"  # an earlier run's files must not be logged
     stale.mkdir(parents=True)
     (stale / "trace-rank7.json.gz").write_bytes(b"stale")
     (stale / "key_averages-rank0.txt").write_text("stale")
+
+
+@pytest.mark.slow  # a profiled training job
+def test_every_rank_trace_is_logged_loads_and_has_its_size(workdir, prepared_digits, tmp_path):
+    plant_stale(workdir)
     write_params(
         workdir / "params.yaml",
         tiny_params(
@@ -24,7 +33,14 @@ def test_every_rank_trace_is_logged_loads_and_has_its_size(workdir, prepared_dig
             tracking={"system_metrics_interval_s": 0},
         ),
     )
-    run_cli("train", "--data", str(prepared_digits), "--out", "results/train", cwd=workdir, timeout=600)
+    args = ("train", "--data", str(prepared_digits), "--out", "results/train")
+    proc = run_cli(*args, cwd=workdir, timeout=600, check=False)
+    if proc.returncode != 0 and HEAP_CRASH in proc.stderr:  # torch's profiler, not scalelab: rerun once
+        shutil.rmtree(workdir / "results/train")
+        (workdir / "mlflow.db").unlink()
+        plant_stale(workdir)
+        proc = run_cli(*args, cwd=workdir, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-5000:]
 
     client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
     run = client.search_runs([client.get_experiment_by_name("scalelab").experiment_id])[0]
