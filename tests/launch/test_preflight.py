@@ -68,3 +68,19 @@ def test_error_messages_mask_the_credentials_of_the_store(tmp_path):
     with pytest.raises(ConfigError) as exc:
         slurm.preflight(params(tmp_path), PROFILE, f"http://alice:hunter2@127.0.0.1:{free_port()}")
     assert "hunter2" not in str(exc.value) and "alice:***@" in str(exc.value)
+
+
+@pytest.mark.parametrize("where", ["env", "local file"])
+def test_an_unreachable_store_is_named_where_it_was_set(tmp_path, monkeypatch, where):
+    uri = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))  # the main repository: home of .scalelab.local.yaml
+    if where == "env":
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        named = f"MLFLOW_TRACKING_URI = '{uri}' does not answer"
+    else:
+        (tmp_path / ".scalelab.local.yaml").write_text(f"tracking_uri: {uri}\n")
+        named = f"tracking_uri in {tmp_path / '.scalelab.local.yaml'} = '{uri}' does not answer"
+    with pytest.raises(ConfigError) as exc:
+        slurm.preflight(params(tmp_path), PROFILE, uri)
+    assert named in str(exc.value)

@@ -21,6 +21,7 @@ from scalelab.config import FROZEN, ConfigError, Params, build, knob, read_yaml,
 from scalelab.launch.local import LaunchError
 from scalelab.launch.shape import Capacity, check_shape, train_shape
 from scalelab.runtime.paths import repo_root
+from scalelab.tracking.location import uri_source
 from scalelab.tracking.secrets import mask_uri
 
 PROFILES = Path("slurm/profiles")
@@ -89,33 +90,31 @@ def preflight(params: Params, profile: Profile, uri: str) -> None:
 
 def check_tracking_reachable(uri: str, profile: Profile, name: str) -> None:
     """The compute nodes must reach the store: a shared SQLite path, or a server not on loopback."""
-    parsed = urlparse(uri)
+    parsed, source = urlparse(uri), f"{uri_source(uri)} = {mask_uri(uri)!r}"
     if parsed.scheme == "sqlite":
         path = Path(parsed.path if not parsed.path.startswith("//") else parsed.path[1:])
         if not any(path.resolve().is_relative_to(Path(p)) for p in profile.shared_paths):
             raise ConfigError(
-                f"MLFLOW_TRACKING_URI = {mask_uri(uri)!r}: {path} is not under the shared paths "
+                f"{source}: {path} is not under the shared paths "
                 f"{profile.shared_paths} of profile {name!r}, so compute nodes cannot reach "
                 "it; put the store on a shared path or run `make mlflow-server`"
             )
     elif parsed.scheme in ("http", "https"):
         if parsed.hostname in ("127.0.0.1", "localhost", "::1") and not profile.login_node_is_compute_host:
             raise ConfigError(
-                f"MLFLOW_TRACKING_URI = {mask_uri(uri)!r} points at loopback, which compute nodes of "
+                f"{source} points at loopback, which compute nodes of "
                 f"profile {name!r} cannot reach; use the login node's host name"
             )
-        _ping(uri)
+        _ping(uri, source)
 
 
-def _ping(uri: str) -> None:
+def _ping(uri: str, source: str) -> None:
     import urllib.request
 
     try:
         urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=10).read()
     except OSError as exc:
-        raise ConfigError(
-            f"MLFLOW_TRACKING_URI = {mask_uri(uri)!r} does not answer ({exc}); start it with `make mlflow-server`"
-        ) from None
+        raise ConfigError(f"{source} does not answer ({exc}); start it with `make mlflow-server`") from None
 
 
 def executor(

@@ -34,6 +34,17 @@ def tracking_uri() -> str:
     return local_tracking_uri(root / LOCAL_FILE) or f"sqlite:///{root / 'mlflow.db'}"
 
 
+def uri_source(uri: str) -> str:
+    """Where `uri` came from, as an error names it: MLFLOW_TRACKING_URI, the clone's
+    .scalelab.local.yaml, else the tracking store (the default mlflow.db, or a caller's own)."""
+    if os.environ.get("MLFLOW_TRACKING_URI") == uri:
+        return "MLFLOW_TRACKING_URI"
+    local = store_root() / LOCAL_FILE
+    if local.is_file() and local_tracking_uri(local) == uri.rstrip("/"):
+        return f"tracking_uri in {local}"
+    return "the tracking store"
+
+
 class LocalFileError(ValueError):
     """A malformed .scalelab.local.yaml: one line naming the file, the key, the value and what is
     allowed (not a ConfigError, which commands prefix with their params file)."""
