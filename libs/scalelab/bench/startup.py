@@ -24,14 +24,13 @@ from scalelab.runtime.paths import PACKAGE_ROOT, repo_root
 from scalelab.runtime.timings import ENV as TIMINGS_ENV
 
 METHOD = """\
-`scalelab train` runs `--repeats` times as a fresh process from the repository root on the given params (data
-prepared once, untimed), each into a fresh folder, with SCALELAB_TIMINGS set: the launcher and every rank append a
-timestamp at each phase boundary (runtime.timings.mark); the SQLite MLflow store's schema is made before the first
-run. Phases (rank 0, median over repeats, s): from one mark to the next (BEFORE and AFTER in bench/startup.py).
-Fixed cost: wall time less the steps; an older startup.json's figures from another commit move to `previous`.
-`vs_handwritten`: each repeat pairs it with benchmarks/handwritten_ddp.py, the order alternating: ratios of wall
-time and of time to rank 0's first step, median over pairs with a paired bootstrap 95% interval. Busy pairs are
-retried or dropped (study.busy).
+`scalelab train` runs `--repeats` times, a fresh process from the repository root each into a fresh folder (data
+prepared once, untimed), with SCALELAB_TIMINGS set: the launcher and every rank append a timestamp at each phase
+boundary (runtime.timings.mark); the SQLite MLflow store's schema is made before the first run. Phases (rank 0,
+median over repeats, s): from one mark to the next (BEFORE and AFTER in bench/startup.py). Fixed cost: wall time
+less the steps; an older startup.json's figures from another commit move to `previous`. `vs_handwritten`: each
+repeat pairs it with benchmarks/handwritten_ddp.py, the order alternating: ratios of wall time and of time to rank
+0's first step, median over pairs with a paired bootstrap 95% interval. Busy pairs retried or dropped (study.busy).
 """
 OUT_FILE = "startup.json"
 GOAL = Goal("<", 0.40, "< 40% of previous")  # fixed costs against the previous figures (issue 11)

@@ -28,13 +28,12 @@ One process, strategy single, Loop.step on the mlp workload (synthetic batches, 
 ~`--target-step-ms` step). Arms interleaved, the order rotating each repeat: `off` (no-op tracker), `batched` (the
 MLflow tracker as training uses it: log every step, hand to the writer process every `--flush-every` steps),
 `off_default`/`batched_default` (log every `--default-log-every`), `sync` (one MlflowClient.log_metric per metric).
-`in_thread`: the training thread's CPU in the tracker calls (thread_time_ns) as a fraction of the `off` step. A/B:
-median over repeats of batched/off with a bootstrap 95% interval. `writer_start_s`: batched's writer starting and
-storing a first batch; each writer drains after its arm (`batched_drain_ms`, untimed); `writer_cpu_ms_per_step` by
-psutil. `metrics_per_step`: N metrics a step, flush every 10 steps: in-thread CPU and time until stored per step.
-`stop_flag`: `--stop-procs` gloo ddp ranks, plain and stop_flag (StopFlag.everywhere every `--stop-every` steps)
-interleaved: the median of stop_flag/plain with its interval; `call_us` times the call alone. Busy repeats retried
-or dropped; a fresh SQLite store.
+`in_thread`: the training thread's CPU in the tracker calls (thread_time_ns) as a fraction of the `off` step.
+`writer_start_s`: batched's writer starting and storing a first batch; each writer drains after its arm, untimed;
+writer CPU by psutil. `metrics_per_step`: N metrics a step, flush every 10 steps: in-thread CPU and time until stored
+per step. `stop_flag`: `--stop-procs` gloo ddp ranks, plain and stop_flag (StopFlag.everywhere every `--stop-every`
+steps) interleaved; `call_us` times the call alone. A/B (batched/off, stop_flag/plain): median over repeats with a
+bootstrap 95% interval. Busy repeats retried or dropped; a fresh SQLite store.
 """
 ARMS = ("off", "batched", "off_default", "batched_default", "sync")
 BATCHED = ("batched", "batched_default")
