@@ -36,8 +36,7 @@ RUNNING = re.compile(r"Running stage '([^']+)'")
 def repro(dest: Path) -> dict[str, Any]:
     """`dvc repro` in the copy (this venv's tools first on PATH, the copy's own store): wall seconds, stages run."""
     bin_dir = str(Path(sys.executable).parent)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}
-    env["MLFLOW_TRACKING_URI"] = f"sqlite:///{dest / 'mlflow.db'}"
+    env = pipeline.store_env(dest, tracking=False) | {"PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}
     start = time.perf_counter()
     proc = pipeline.run([f"{bin_dir}/dvc", "repro"], f"dvc repro in {dest}", cwd=dest, env=env)
     return {"wall_s": time.perf_counter() - start, "stages": RUNNING.findall(proc.stdout + proc.stderr)}

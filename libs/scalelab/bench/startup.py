@@ -99,8 +99,7 @@ def measure_runs(ctx: harness.Context) -> tuple[list[dict], list[dict], str, Any
         torch.save({"x": torch.tensor(arrays["x"]).flatten(1), "y": torch.tensor(arrays["y"])}, split)
         script_env = {k: v for k, v in env.items() if k != TIMINGS_ENV} | {"PYTHONUNBUFFERED": "1"}
         arms["handwritten"] = lambda i: run_once(script, work, script_env, tree["train"]["threads_per_process"])
-    names = list(arms)
-    reps = harness.take_repeats(lambda i: {n: arms[n](i) for n in (names if i % 2 == 0 else names[::-1])}, ctx.policy())
+    reps = harness.take_repeats(lambda i: {n: arms[n](i) for n in list(arms)[:: 1 - 2 * (i % 2)]}, ctx.policy())
     return [r["scalelab"] for r in reps.kept], [r["handwritten"] for r in reps.kept if script], reason, reps
 
 
@@ -136,11 +135,10 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
         ctx.figure(name, text, fig["median_ratio"], goal, dropped=reps.dropped)
     per_run, previous = [phases(m) for m in runs], _previous(ctx.out)
     med = {k: statistics.median(p[k] for p in per_run) for k in per_run[0]}
-    fixed = {name: med[name] for name, _, _ in BEFORE + AFTER}
-    big = max(fixed, key=fixed.get)
+    big = max((name for name, _, _ in BEFORE + AFTER), key=med.get)  # the largest fixed cost
     ratio = med["fixed"] / previous["median_s"]["fixed"] if previous else None
     text = f"fixed cost {med['fixed']:.2f} s of {med['wall']:.2f} s wall ({med['to_first_step']:.2f} s to the first "
-    text += f"step, {med['after_last_step']:.2f} s after the last); largest {big} {fixed[big]:.2f} s"
+    text += f"step, {med['after_last_step']:.2f} s after the last); largest {big} {med[big]:.2f} s"
     if previous:
         text += f"; {ratio:.2f}x the previous {previous['median_s']['fixed']:.2f} s"
     ctx.figure("startup_fixed_cost", text, ratio, GOAL, dropped=reps.dropped)
@@ -148,7 +146,7 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
         "params": {"file": args.params, "epochs": args.epochs or "as in params",
                    "strategy": args.strategy or "as in params", "tracking": not args.no_tracking},
         "repeats": args.repeats, "current": {"commit": _git_commit(), "median_s": med, "repeats_s": per_run},
-        "largest_fixed_cost": {"phase": big, "median_s": fixed[big]}, "previous": previous,
+        "largest_fixed_cost": {"phase": big, "median_s": med[big]}, "previous": previous,
         "fixed_fraction_of_wall": med["fixed"] / med["wall"], "raw_marks_s": runs, "fixed_vs_previous": ratio,
         "vs_handwritten": versus, **reps.json(),
     }  # fmt: skip
