@@ -51,16 +51,14 @@ def test_tracking_benchmark_writes_its_figures_method_and_summary_lines(workdir,
     result = json.loads((workdir / "bench/tracking_overhead.json").read_text())
     assert result["benchmark"] == "tracking_overhead" and "interleaved" in result["method"]
     for arm in ARMS:
-        assert result["median_step_ms"][arm] > 0 and result["mean_step_ms"][arm] > 0
+        assert result["median_step_ms"][arm] > 0
         assert len(result["repeat_median_step_ms"][arm]) == 2
     # the overhead: the median over repeats of batched / off, each pair from the same repeat
     reps = result["repeat_median_step_ms"]
     ratios = [b / o for b, o in zip(reps["batched"], reps["off"])]
     assert result["ab"]["log_every_1"]["median_ratio"] == pytest.approx(statistics.median(ratios))
-    assert result["meets_target"] == (statistics.median(ratios) <= 1.01) and result["target_overhead_ratio"] == 1.01
     assert result["steps_per_repeat"] == {"off": 12, "batched": 12, "off_default": 12, "batched_default": 12, "sync": 3}
     # every other figure, recomputed from the raw figures beside it, or > 0 where 0 would mean unmeasured
-    assert result["amortized_overhead_ratio"] > 0  # the same ratio of each repeat's mean step
     assert result["sync_overhead_ratio"] == pytest.approx(
         statistics.median(s / o for s, o in zip(reps["sync"], reps["off"]))
     )
@@ -69,15 +67,9 @@ def test_tracking_benchmark_writes_its_figures_method_and_summary_lines(workdir,
     writer = {arm: 1000 * sum(result["raw_writer_cpu_s"][arm]) / (12 * 2) for arm in ("batched", "batched_default")}
     assert [len(result["raw_writer_cpu_s"][arm]) for arm in writer] == [2, 2]
     assert result["writer_cpu_ms_per_step_by_arm"] == pytest.approx(writer)
-    assert result["writer_cpu_ms_per_step"] == pytest.approx(writer["batched"])
-    assert result["writer_cpu_fraction_of_off_step"] == pytest.approx(
-        writer["batched"] / result["median_step_ms"]["off"]
-    )
     assert result["writer_start_s"] > 0  # a writer process started and stored a first batch
     drains = result["repeat_batched_drain_ms"]
     assert len(drains) == 2 and min(drains) > 0  # each drain waits for the writer's answer
-    assert result["batched_drain_ms_median"] == pytest.approx(statistics.median(drains))
-    assert result["in_thread_fraction_log_every_1"] == result["in_thread"]["batched"]["fraction_of_off_step"]
     assert result["workload"]["batch_size"] == 8 and result["workload"]["strategy"] == "single"
     assert not [p for p in (workdir / "bench").iterdir() if p.name not in ("tracking_overhead.json", "summary.md")]
     # in-thread CPU, the A/B at both cadences with intervals, the StopFlag block, summary lines
@@ -109,18 +101,14 @@ def test_tracking_benchmark_writes_its_figures_method_and_summary_lines(workdir,
     lines = stats.read_summary(workdir / "bench")
     assert set(lines) == {"tracking_in_thread", "tracking_ab_every_step", "tracking_ab_default"}
     # each verdict is its figure against its goal, as the line writes both
-    fraction, goal = result["in_thread_fraction_log_every_1"], result["target_in_thread_fraction"]
+    fraction = result["in_thread"]["batched"]["fraction_of_off_step"]
     _, text, goal_text, verdict = summary_verdict(lines["tracking_in_thread"])
-    assert f" = {100 * fraction:.3f}% of a " in text and goal_text == f"<= {100 * goal:.0f}%" and goal == 0.01
-    assert verdict == ("met" if fraction <= goal else "not met") and result["meets_in_thread_target"] == (
-        fraction <= goal
-    )
+    assert f" = {100 * fraction:.3f}% of a " in text and goal_text == "<= 1%"
+    assert verdict == ("met" if fraction <= 0.01 else "not met")
     low, high = result["ab"]["log_every_default"]["ci95"]
     _, text, goal_text, verdict = summary_verdict(lines["tracking_ab_default"])
     assert f"(95% CI {100 * (low - 1):+.2f}% to {100 * (high - 1):+.2f}%)" in text and goal_text == "95% CI includes 0%"
-    assert verdict == ("met" if low <= 1 <= high else "not met") and result["meets_default_ab_target"] == (
-        low <= 1 <= high
-    )
+    assert verdict == ("met" if low <= 1 <= high else "not met")
     assert summary_verdict(lines["tracking_ab_every_step"])[3] == "not measured"  # no goal of its own
 
 
@@ -136,14 +124,12 @@ def test_stop_flag_cost_runs_two_gloo_ranks_and_reports_its_fraction(tmp_path):
     # a repeat's figure is its median step; the cost, the median over repeats of stop_flag / plain
     per_repeat = {arm: [statistics.median(r) for r in reps] for arm, reps in raw.items()}
     ratio = statistics.median(s / p for s, p in zip(per_repeat["stop_flag"], per_repeat["plain"]))
-    assert sf["ab_ratio"]["median_ratio"] == pytest.approx(ratio) and sf["cost_fraction_of_step"] == pytest.approx(
-        ratio - 1
-    )
+    assert sf["ab_ratio"]["median_ratio"] == pytest.approx(ratio)
     assert sf["plain_step_ms_median"] == pytest.approx(1000 * statistics.median(per_repeat["plain"]))
     boot = sf["ab_ratio"]["bootstrap"]  # the interval, recomputed from the raw repeats by the stated method
     expected = paired_bootstrap_ci(per_repeat["stop_flag"], per_repeat["plain"], boot["resamples"], boot["seed"])
     assert sf["ab_ratio"]["ci95"] == pytest.approx(list(expected))
     call_fraction = sf["call_us_median"] / (1000 * sf["plain_step_ms_median"])
-    assert sf["shows"] == (ratio - 1 > 0.01 or call_fraction > 0.01)
-    advice = "raise slurm.stop_check_every_steps"
-    assert sf["note"].startswith("checked every 2 steps") and (advice in sf["note"]) == sf["shows"]
+    assert sf["cost"] == pytest.approx(max(ratio - 1, call_fraction))
+    advice = "raise slurm.stop_check_every_steps"  # the cost shows: more than 1% of the step
+    assert sf["note"].startswith("checked every 2 steps") and (advice in sf["note"]) == (sf["cost"] > 0.01)

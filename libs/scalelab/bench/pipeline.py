@@ -75,8 +75,8 @@ def scalelab(*args: str, cwd: Path | None = None, env: dict | None = None, ok=(0
     return run(worker_command(list(args)), f"scalelab {' '.join(args)}", ok, cwd=cwd, env=env)
 
 
-def git(repo: Path, *args: str) -> None:
-    subprocess.run([*GIT, *args], cwd=repo, check=True, capture_output=True)
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run([*GIT, *args], cwd=repo, check=True, capture_output=True, text=True).stdout
 
 
 def edit_params(repo: Path, values: dict[str, Any]) -> None:
@@ -87,9 +87,7 @@ def edit_params(repo: Path, values: dict[str, Any]) -> None:
 def committed_copy(repo: Path, dest: Path, values: dict[str, Any] | None = None) -> Path:
     """The files git would commit (tracked and untracked, not ignored), params.yaml changed by
     `values`, committed in a fresh repository."""
-    cmd = ["git", "ls-files", "-co", "--exclude-standard", "-z"]
-    files = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, check=True).stdout.split("\0")
-    for rel in filter(None, files):
+    for rel in filter(None, git(repo, "ls-files", "-co", "--exclude-standard", "-z").split("\0")):
         if (repo / rel).is_file() and not (repo / rel).is_symlink():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(repo / rel, dest / rel)

@@ -12,22 +12,11 @@ from pathlib import Path
 
 from scalelab.bench import harness
 
-# name -> the module whose BENCH declares it; `all` runs them in this order (scaling last: it
-# fits curves from the figures the others wrote)
-MODULES = {
-    "tracking": "tracking_cost",
-    "parity": "parity",
-    "profiler": "profiler_overhead",
-    "dvc": "dvc_repro",
-    "loader": "loader",
-    "startup": "startup",
-    "mfu": "mfu",
-    "data": "data",
-    "checkpoint": "checkpoint",
-    "search": "search",
-    "store": "store",
-    "scaling": "scaling",
-}
+# name -> the module whose BENCH declares it (the module of that name, but for the last three); `all`
+# runs them in this order (scaling last: it fits curves from the figures the others wrote)
+MODULES = {name: name for name in ("tracking", "parity", "profiler", "dvc", "loader", "startup", "mfu", "data")}
+MODULES |= {name: name for name in ("checkpoint", "search", "store", "scaling")}
+MODULES |= {"tracking": "tracking_cost", "profiler": "profiler_overhead", "dvc": "dvc_repro"}
 OUT_HELP = "the folder for the benchmark's JSON file and summary.md (default: results/bench)"
 
 
@@ -35,20 +24,15 @@ def benchmark(name: str) -> harness.Benchmark:
     return importlib.import_module(f"scalelab.bench.{MODULES[name]}").BENCH
 
 
-def title(name: str) -> str:  # the first line of the benchmark's module docstring
-    return (importlib.import_module(f"scalelab.bench.{MODULES[name]}").__doc__ or "").split("\n")[0]
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="name", required=True)
-    for name in MODULES:
-        bench = benchmark(name)
-        p = sub.add_parser(name, help=title(name))
+    for name, file in MODULES.items():  # each one's help: the first line of its module's docstring
+        module = importlib.import_module(f"scalelab.bench.{file}")
+        p = sub.add_parser(name, help=(module.__doc__ or "").split("\n")[0])
         p.add_argument("--out", default="results/bench", help=OUT_HELP)
-        bench.add_arguments(p)
-    sub.add_parser("all", help="every benchmark with its defaults").add_argument(
-        "--out", default="results/bench", help=OUT_HELP
-    )
+        module.BENCH.add_arguments(p)
+    p = sub.add_parser("all", help="every benchmark with its defaults")
+    p.add_argument("--out", default="results/bench", help=OUT_HELP)
 
 
 def run(args: argparse.Namespace) -> int:
