@@ -12,11 +12,22 @@ from pathlib import Path
 
 from scalelab.bench import harness
 
-# name -> the module whose BENCH declares it (the module of that name, but for the last three); `all`
-# runs them in this order (scaling last: it fits curves from the figures the others wrote)
-MODULES = {name: name for name in ("tracking", "parity", "profiler", "dvc", "loader", "startup", "mfu", "data")}
-MODULES |= {name: name for name in ("checkpoint", "search", "store", "scaling")}
-MODULES |= {"tracking": "tracking_cost", "profiler": "profiler_overhead", "dvc": "dvc_repro"}
+# name -> the module whose BENCH declares it; `all` runs them in this order (scaling last: it
+# fits curves from the figures the others wrote)
+MODULES = {
+    "tracking": "tracking_cost",
+    "parity": "parity",
+    "profiler": "profiler_overhead",
+    "dvc": "dvc_repro",
+    "loader": "loader",
+    "startup": "startup",
+    "mfu": "mfu",
+    "data": "data",
+    "checkpoint": "checkpoint",
+    "search": "search",
+    "store": "store",
+    "scaling": "scaling",
+}
 OUT_HELP = "the folder for the benchmark's JSON file and summary.md (default: results/bench)"
 
 
