@@ -36,9 +36,7 @@ def epoch_times(loop: Any, loader: Any, epoch: int, steps: int, accum: int = 1) 
     return [sum(waits), sum(computes), waits[0] if waits else 0.0]
 
 
-def time_arms(
-    loop: Any, loaders: dict[str, Any], steps: int, epochs: int, busy: dict[str, Any], accum: int, warmup: int
-):
+def time_arms(loop: Any, loaders: dict, steps: int, epochs: int, busy: dict, accum: int, warmup: int) -> tuple:
     """Interleaved repeats of every loader arm (`epochs` passes each, after an untimed warm-up
     pass): (arm -> repeat -> [wait_s, compute_s, first_wait_s] summed, the Repeats)."""
     for loader in loaders.values():  # first touch of model and optimizer state, and each loader's workers
