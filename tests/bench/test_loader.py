@@ -24,7 +24,6 @@ def _check(result: dict, world_size: int) -> None:
         fractions = [max(w[i] / (w[i] + c[i]) for w, c in zip(wait, compute)) for i in range(2)]
         assert all(0 < f < 1 for f in fractions) and arm["repeat_wait_fractions"] == pytest.approx(fractions)
         assert arm["wait_fraction"] == pytest.approx(statistics.median(fractions))
-        assert arm["meets_target"] == (statistics.median(fractions) <= 0.05)
     assert result["dropped"] == [] and len(result["disturbance"]) == 2
 
 
@@ -37,7 +36,7 @@ def test_loader_benchmark_reports_the_wait_fraction_for_each_num_workers(workdir
     lines = stats.read_summary(workdir / "bench")
     assert sorted(lines) == ["loader_workers0", "loader_workers2"]
     for arm, line in (("0", lines["loader_workers0"]), ("2", lines["loader_workers2"])):
-        assert line.endswith(": met" if result["num_workers"][arm]["meets_target"] else ": not met")
+        assert line.endswith(": met" if result["num_workers"][arm]["wait_fraction"] <= 0.05 else ": not met")
     assert sorted(p.name for p in (workdir / "bench").iterdir()) == ["loader.json", "summary.md"]
 
 

@@ -28,8 +28,6 @@ from scalelab.runtime import dist, disturbance
 from scalelab.runtime.io import atomic_write_json
 from scalelab.study import busy
 
-__all__ = ["Benchmark", "Context", "Goal", "opt", "run", "rank_loop", "take_repeats", "timed"]
-
 
 def opt(flag: str, default: Any, help: str, **kw: Any) -> tuple[str, dict[str, Any]]:
     """An option of a benchmark; its type (and nargs "+" for a list) follows the default."""

@@ -13,14 +13,13 @@ from scalelab.bench.harness import Goal, opt
 from scalelab.runtime.repeats import timed_repeats
 
 METHOD = """\
-One process times the training step of experiments/gpt.py (Loop.step, strategy single: forward,
-next-token cross-entropy, backward, AdamW) on two synthetic token batches on the device. Warm-up
-steps untimed; each repeat times `--steps` steps (CUDA synchronized around them); busy repeats
-retried or dropped; the figure is the median step. FLOPs per step, analytic:
-(6*N + 12*n_layer*d_model*seq) * batch*seq (Kaplan et al. 2020; PaLM's 6N + 12LHQT), N the
-parameters in matrix products (not the embeddings; the untied head counted). Cross-check: one step
-under FlopCounterMode (a few percent high). MFU = achieved / peak: --peak-tflops, else on CUDA in
-bf16 the device's dense peak by name (PEAK_TFLOPS_BF16), else null ("not measured").
+One process times the training step of experiments/gpt.py (Loop.step, strategy single: forward, next-token
+cross-entropy, backward, AdamW) on two synthetic token batches on the device. Warm-up steps untimed; each
+repeat times its steps (CUDA synchronized around them); busy repeats retried or dropped; the figure is the
+median step. FLOPs per step, analytic: (6*N + 12*n_layer*d_model*seq) * batch*seq (Kaplan et al. 2020;
+PaLM's 6N + 12LHQT), N the parameters in matrix products (not the embeddings; the untied head counted).
+Cross-check: one step under FlopCounterMode (a few percent high). MFU = achieved / peak: --peak-tflops,
+else on CUDA in bf16 the device's dense peak by name (PEAK_TFLOPS_BF16), else null ("not measured").
 """
 GOAL = Goal(">=", 0.30, "MFU >= 30%")  # of the peak: the low end of what torchtitan reports on H100 (33-39%)
 SEED = 0  # of the weights and the random tokens
@@ -111,12 +110,9 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
     where = f"cpu: {stats.machine()['cpu']}, {torch.get_num_threads()} torch threads"
     r = {
         "device": f"cuda: {torch.cuda.get_device_name(device)}" if device.type == "cuda" else where,
-        "precision": args.precision, "config": config, **m,
-        "counted_over_analytic": m["flops_per_step_counted"] / m["flops_per_step_analytic"],
-        "step_time_s_median": median_s, "repeats": args.repeats, "tokens_per_s": tokens / median_s,
+        "precision": args.precision, "config": config, **m, "step_time_s_median": median_s, "repeats": args.repeats,
         "achieved_tflops": achieved, "peak_tflops": peak, "peak_source": peak_source, "mfu": mfu,
-        "mfu_reason": None if peak else NO_PEAK, "goal_mfu": GOAL.target, "meets_goal": GOAL.met(mfu),
-        **reps.json(), "torch": torch.__version__,
+        "mfu_reason": None if peak else NO_PEAK, **reps.json(), "torch": torch.__version__,
     }  # fmt: skip
     size = f"{config['layers']} layers, d_model {config['d_model']}, seq {config['seq_len']}, batch {args.batch}"
     text = f"{achieved * 1e3:.3g} GFLOP/s achieved ({args.precision}, {r['device']}; {size})"

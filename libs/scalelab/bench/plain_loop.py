@@ -20,11 +20,11 @@ def build_model(num_features: int, hidden: list[int], num_classes: int, dropout:
     return nn.Sequential(*layers, nn.Linear(widths[-1], num_classes))
 
 
-def lr_factor(k: int, total: int, warmup: int, min_ratio: float) -> float:
-    """Linear warm-up over `warmup` steps, then cosine decay to `min_ratio` at step `total` - 1."""
-    if k < warmup:
-        return (k + 1) / warmup
-    progress = min((k - warmup) / max(total - warmup - 1, 1), 1.0)
+def lr_factor(k: int, total_steps: int, warmup_steps: int, min_ratio: float) -> float:
+    """Linear warm-up over `warmup_steps`, then cosine decay to `min_ratio` at step `total_steps` - 1."""
+    if k < warmup_steps:
+        return (k + 1) / warmup_steps
+    progress = min((k - warmup_steps) / max(total_steps - warmup_steps - 1, 1), 1.0)
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
@@ -35,10 +35,10 @@ def local_state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 class PlainLoop:
     """Model (`ddp`: called through DistributedDataParallel; `fsdp`: sharded with FSDP2 layer by
-    layer), SGD, gradient clipping and a warm-up + cosine LR schedule (`schedule`: total steps,
-    warm-up steps, min ratio), as written by hand."""
+    layer), SGD (`optim`: lr and momentum), gradient clipping at norm `clip` and a warm-up + cosine LR
+    schedule (`schedule`: lr_factor's keywords), as written by hand."""
 
-    def __init__(self, model: nn.Module, lr: float, momentum: float, *, ddp=False, fsdp=False, clip=0.0, schedule=None):
+    def __init__(self, model: nn.Module, optim: dict, clip: float, schedule: dict, *, ddp=False, fsdp=False):
         if fsdp:
             from torch.distributed.fsdp import fully_shard
 
@@ -48,20 +48,17 @@ class PlainLoop:
             fully_shard(model)  # in place: `model` holds the shards
         self.model, self.clip = model, clip  # the plain model, whose weights are compared
         self.forward = nn.parallel.DistributedDataParallel(model) if ddp else model
-        self.optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-        lambda_lr = torch.optim.lr_scheduler.LambdaLR
-        self.scheduler = lambda_lr(self.optimizer, lambda k: lr_factor(k, *schedule)) if schedule else None
+        self.optimizer = torch.optim.SGD(model.parameters(), lr=optim["lr"], momentum=optim["momentum"])
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda k: lr_factor(k, **schedule))
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One optimizer step on one batch; returns the loss (detached)."""
         self.optimizer.zero_grad(set_to_none=True)
         loss = F.cross_entropy(self.forward(x), y)
         loss.backward()
-        if self.clip > 0:
-            nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+        nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
         self.optimizer.step()
-        if self.scheduler is not None:
-            self.scheduler.step()
+        self.scheduler.step()
         return loss.detach()
 
     def weights(self) -> dict[str, torch.Tensor]:
