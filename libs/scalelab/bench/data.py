@@ -39,8 +39,9 @@ from scalelab.runtime.memory import status_kib
 cfg = build(DataConfig, json.loads(sys.argv[1]))
 base, start = status_kib("VmRSS"), time.perf_counter()
 prepare(cfg, sys.argv[2], **({"seq_len": int(sys.argv[3])} if len(sys.argv) > 3 else {}))
-took = time.perf_counter() - start
-print(json.dumps({"prepare_s": took, "base_kb": base, "peak_kb": status_kib("VmHWM")}))
+took, peak = time.perf_counter() - start, status_kib("VmHWM")
+above = max(peak - base, 1) / 1024
+print(json.dumps({"prepare_s": took, "prepare_peak_mb": peak / 1024, "prepare_peak_above_start_mb": above}))
 """
 
 
@@ -63,9 +64,7 @@ def prepare_child(cfg: dict[str, Any], out: Path, *seq_len: int) -> dict[str, fl
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"prepare of {cfg} failed: {proc.stderr.strip()[-1500:]}")
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
-    peak, above = got["peak_kb"] / 1024, max(got["peak_kb"] - got["base_kb"], 1) / 1024
-    return {"prepare_s": got["prepare_s"], "prepare_peak_mb": peak, "prepare_peak_above_start_mb": above}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def measure_rank(spec: dict[str, Any]) -> dict[str, Any]:
@@ -126,13 +125,9 @@ def sparse_10gb_check_s(work: Path) -> float:
 
     from scalelab.data import arrays
 
-    path = work / "sparse.tokens.npy"
-    writer = arrays.NpyWriter(path, np.uint8)
-    writer.rows = 10 * 10**9
-    writer.close()
-    with path.open("r+b") as fh:
-        fh.truncate(writer._data_offset + writer.rows)
-    entry = {"file": path.name, "dtype": "|u1", "shape": [writer.rows], "bytes": path.stat().st_size}
+    path, rows = work / "sparse.tokens.npy", 10 * 10**9
+    np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8, shape=(rows,))  # the header, then a hole
+    entry = {"file": path.name, "dtype": "|u1", "shape": [rows], "bytes": path.stat().st_size}
     took = timed(arrays.check_file, work, entry | {"sha256": "", "probe_sha256": arrays.probe_digest(path)})
     path.unlink()
     return took

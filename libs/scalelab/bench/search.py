@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 from typing import Any
@@ -73,22 +74,18 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
     prepare(build(DataConfig, {}), data)
     reps = harness.take_repeats(lambda seed: [run_arm(ctx.work, name, args, seed, data) for name in ARMS], ctx.policy())
     runs = [run for repeat in reps.kept for run in repeat]
-    arms = {}
-    for name in ARMS:
-        mine = [r for r in runs if r["arm"] == name]
-        best = [r["best_val_loss"] for r in mine if r["best_val_loss"] is not None]
-        arms[name] = {"best_val_loss_median": stats.median(best) if best else None}
-        arms[name] |= {f"{key}_median": stats.median([r[key] for r in mine]) for key in ("compute_steps", "wall_s")}
+    arms = {name: {} for name in ARMS}
+    for name, key in itertools.product(ARMS, ("best_val_loss", "compute_steps", "wall_s")):
+        values = [r[key] for r in runs if r["arm"] == name and r[key] is not None]
+        arms[name][f"{key}_median"] = stats.median(values) if values else None
     best = {n: a["best_val_loss_median"] for n, a in arms.items()}
     ratio = None if None in (best["tpe_median"], best["random"]) else best["tpe_median"] / best["random"]  # goal <= 1
     fewer = arms["tpe_median"]["compute_steps_median"] < arms["random"]["compute_steps_median"]  # and with fewer steps
     loss = {n: "none" if b is None else f"{b:.4f}" for n, b in best.items()}
     figure = "; ".join(f"{n} best val_loss {loss[n]} in {a['compute_steps_median']:.0f} steps" for n, a in arms.items())
     ctx.figure("search", figure, ratio, GOAL, also=fewer, dropped=reps.dropped)
-    return {
-        "trials": args.trials, "parallel": args.parallel, "epochs": args.epochs, "repeats": args.repeats,
-        "arms": arms, "runs": runs, "goal": str(GOAL), "meets_goal": GOAL.met(ratio, also=fewer), **reps.json(),
-    }  # fmt: skip
+    settings = {key: getattr(args, key) for key in ("trials", "parallel", "epochs", "repeats")}
+    return settings | {"arms": arms, "runs": runs, **reps.json()}
 
 
 OPTIONS = (
