@@ -1,7 +1,6 @@
-"""How scalelab's costs grow with the work: a log-log slope per cost, and whether it is linear or
-worse. Measured here: the whole study against its cells and `scalelab reproduce` against the run's
-length; the other curves come from the files of the benchmarks that own them (run this one last).
-"""
+"""How scalelab's costs grow with the work: a log-log slope per cost, and whether it is linear or worse. Measured
+here: the whole study against its cells and `scalelab reproduce` against the run's length; the other curves come from
+the files of the benchmarks that own them (run this one last)."""
 
 from __future__ import annotations
 
@@ -72,11 +71,9 @@ def fit(sizes: list[float], costs: list[float]) -> dict[str, Any]:
 
 def plot(curves: dict[str, Any], path: Path) -> None:
     """One log-log panel per curve; reproduce's shows its run's own training beside it."""
-    import matplotlib
+    from scalelab.study.plots import _pyplot  # the study's pyplot on the Agg backend
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, axes = plt.subplots(2, 4, figsize=(17, 7))
     for ax, (name, curve) in zip(axes.flat, curves.items()):
         ax.loglog(curve["sizes"], curve["costs"], "o-", label=name.split("_vs_")[0])

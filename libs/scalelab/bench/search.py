@@ -50,8 +50,7 @@ def run_arm(work: Path, name: str, args: Any, seed: int, data: Path) -> dict[str
     method, pruner, space = ARMS[name]
     folder = work / f"{name}-{seed}"
     folder.mkdir(parents=True)
-    (folder / "dvc.yaml").write_text("stages: {}\n")  # a repository of its own
-    (folder / "params.yaml").write_text(yaml.safe_dump(_params(PACKAGE_ROOT, args.epochs, seed)))
+    pipeline.write_params(folder / "params.yaml", _params(PACKAGE_ROOT, args.epochs, seed))  # a repository of its own
     cmd = ["sweep", "submit", "--name", "b", "--data", str(data), "--method", method, "--pruner", pruner]
     cmd += ["--trials", str(args.trials), "--parallel", str(args.parallel)]
     cmd += [arg for key, text in space.items() for arg in ("-S", f"{key}={text}")]
