@@ -14,8 +14,14 @@ import numpy as np
 
 from scalelab.bench import harness, loader
 from scalelab.bench.harness import Goal, opt, timed
+from scalelab.bench.scaling import fit
+from scalelab.config import TrainConfig, build
 from scalelab.data import arrays
+from scalelab.data.store import open_split, verify
 from scalelab.runtime import dist, memory
+from scalelab.training.loader import RunLoader
+from scalelab.training.plan import RunPlan
+from scalelab.training.sampler import RankBatches
 
 METHOD = """\
 Per size (text as byte tokens, 1 MB files cut from the standard library's .py files): `prepare` (data.source text) in
@@ -70,12 +76,6 @@ def prepare_child(cfg: dict[str, Any], out: Path, *seq_len: int) -> dict[str, fl
 
 def measure_rank(spec: dict[str, Any]) -> dict[str, Any]:
     """One rank of the DDP job: RssAnon before and after its full pass over its share and the loader arms."""
-    from scalelab.config import TrainConfig, build
-    from scalelab.data.store import open_split, verify
-    from scalelab.training.loader import RunLoader
-    from scalelab.training.plan import RunPlan
-    from scalelab.training.sampler import RankBatches
-
     env, manifest = dist.read_env(), verify(spec["data"])
     strategy = "ddp" if env.world_size > 1 else "single"
     spec = {**spec, "workload": "gpt", "input_shape": [], "num_classes": manifest["num_classes"], "strategy": strategy}
@@ -99,8 +99,6 @@ def measure_rank(spec: dict[str, Any]) -> dict[str, Any]:
 
 def measure_size(ctx: harness.Context, size_mb: int) -> dict[str, Any]:
     """One size: its corpus prepared and checked here, then the DDP job on it."""
-    from scalelab.data.store import verify
-
     args, data = ctx.args, ctx.work / f"prepared-{size_mb}"
     corpus = write_corpus(ctx.work / f"corpus-{size_mb}", size_mb)
     text = {"source": "text", "text": {"path": str(corpus)}}
@@ -151,8 +149,6 @@ SLOPES = {  # JSON slope -> (figure, goal, what its line says, the rows' key; th
 
 
 def measure(ctx: harness.Context) -> dict[str, Any]:
-    from scalelab.bench.scaling import fit
-
     args = ctx.args
     rows = [measure_size(ctx, size) for size in sorted(args.sizes_mb)]
     sparse_s = sparse_10gb_check_s(ctx.work)

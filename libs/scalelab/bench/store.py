@@ -6,11 +6,14 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import socket
 import subprocess
 import sys
 from functools import partial
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from scalelab.bench import harness, pipeline, stats
 from scalelab.bench.harness import Goal, opt, timed
@@ -38,8 +41,6 @@ def md5_of(path: Path) -> str:
 
 def start_server(base: Path) -> server.Server:
     """The S3 server on a free port (another process can take it between the probe and the bind)."""
-    import socket
-
     for _ in range(PORT_RETRIES):
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
@@ -106,7 +107,6 @@ class Bench:
 
     def checkpoint(self, size_mb: int) -> None:
         """A state dict of 8 float32 tensors, `size_mb` MB in all, and the files DCP writes of it locally."""
-        import torch
         import torch.distributed.checkpoint as dcp
 
         generator, per = torch.Generator().manual_seed(0), size_mb * (1 << 20) // 4 // 8
@@ -116,7 +116,6 @@ class Bench:
 
     def dcp(self, op: str, r: int) -> float:
         """DCP's fsspec writer ("push") or reader ("pull", checked) of the checkpoint at ckpt/`r` in the store."""
-        import torch
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint import _fsspec_filesystem as fsspec
 
