@@ -18,8 +18,6 @@ import yaml
 
 from scalelab.bench import harness, pipeline
 from scalelab.bench.harness import Goal, opt, timed
-from scalelab.config import DataConfig, build
-from scalelab.data.prepare import prepare
 from scalelab.runtime.paths import PACKAGE_ROOT
 from scalelab.training.plan import RESOLVED_FILE, RUN_FILE
 
@@ -135,11 +133,12 @@ def reproduce_costs(run_steps: list[int], work: Path, policy: dict[str, Any]) ->
     base = yaml.safe_load((repo / "params.yaml").read_text())
     base["tracking"].update(TRACKING)
     base["data"].update(RUN_DATA)
-    prepare(build(DataConfig, base["data"]), repo / "data/prepared")  # not timed; ignored by git
+    base["train"].update(RUN_TRAIN)
+    pipeline.prepare_data(base, repo / "data/prepared")  # not timed; ignored by git
     (repo / "results").mkdir(exist_ok=True)  # ignored by git: the tree stays clean
 
     def take(n: int, i: int) -> dict[str, Any]:  # try i of an n-step run
-        params = {**base, "train": {**base["train"], **RUN_TRAIN, "epochs": n // STEPS_PER_EPOCH}}
+        params = {**base, "train": {**base["train"], "epochs": n // STEPS_PER_EPOCH}}
         path, out = pipeline.write_params(repo / f"results/params-{n}-{i}.yaml", params), f"results/train-{n}-{i}"
         cmd = ["train", "--params", str(path), "--data", "data/prepared", "--out", out]
         train_s = timed(pipeline.scalelab, *cmd, cwd=repo, env=env)

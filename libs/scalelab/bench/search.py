@@ -14,13 +14,12 @@ from scalelab.bench.harness import Goal, opt, timed
 from scalelab.runtime.paths import PACKAGE_ROOT
 
 METHOD = """\
-Each arm: one `scalelab sweep submit` here (`sweep.launcher: local`, `--parallel` workers) in its own temporary folder
-and MLflow store, on params.yaml shrunk to a tiny digits MLP (sgd, `--epochs` epochs, one process); objective
-val_loss:min over the learning rate (log, 1e-4 to 1) and the hidden width (16 or 64), `--trials` trials (the grid's
-size). Arms: `tpe` with `--pruner median`, `random`, `grid` (6 log-spaced rates x 2 widths). Per arm: the best
-val_loss of a finished trial, the steps the trials ran (pruned ones up to their stop), trial states, wall time. A
-repeat runs every arm in turn on its own train.seed (busy repeats retried, then dropped); per arm the median over
-`--repeats`.
+Each arm: one `scalelab sweep submit` here (`sweep.launcher: local`) in its own temporary folder and MLflow store, on
+params.yaml shrunk to a tiny digits MLP (sgd, one process); objective val_loss:min over the learning rate (log, 1e-4 to
+1) and the hidden width (16 or 64), the same trial budget. Arms: `tpe` with `--pruner median`, `random`, `grid` (6
+log-spaced rates x 2 widths). Per arm: the best val_loss of a finished trial, the steps the trials ran (pruned ones up
+to their stop), trial states, wall time. A repeat runs every arm in turn on its own train.seed (busy repeats retried,
+then dropped); per arm the median over repeats.
 """
 GRID_LRS = [1e-4, 6.3e-4, 4e-3, 0.025, 0.16, 1.0]
 SPACE = {"train.lr": "loguniform(1e-4,1.0)", "train.model.hidden": "choice([16],[64])"}

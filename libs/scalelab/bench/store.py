@@ -22,13 +22,12 @@ from scalelab.storage import server, write_remote
 
 METHOD = """\
 A real S3 server on this machine (`rclone serve s3` over a temporary folder, as `make store` starts it), the default
-remote of a temporary git + DVC repository; per size in `--sizes-mb`, a file of random bytes added to DVC (untimed).
-Arms interleaved: every round, for every size, `dvc push` (DVC's Python API, into a prefix of its own so that every
-push uploads) is paired with boto3's `upload_file`, `dvc pull` (the file and its cache object removed first) with its
-`download_file`; a `--checkpoint-mb` state dict of float32 tensors saved with DCP's fsspec writer to the store (one
-process) and loaded with its reader, with boto3 moving the files DCP writes (saved once locally). The first arm
-alternates by round; busy rounds are retried, then dropped. Figure: median over rounds of arm / plain, bootstrap 95%
-interval over rounds; every pulled or loaded byte is checked.
+remote of a temporary git + DVC repository; per size, a file of random bytes added to DVC (untimed). Arms interleaved:
+every round, for every size, `dvc push` (DVC's Python API, into a prefix of its own so that every push uploads) is
+paired with boto3's `upload_file`, `dvc pull` (the file and its cache object removed first) with its `download_file`; a
+state dict of float32 tensors saved with DCP's fsspec writer to the store (one process) and loaded with its reader, with
+boto3 moving the files DCP writes (saved once locally). The first arm alternates by round; busy rounds are retried, then
+dropped. Figure: median of arm / plain over rounds, bootstrap 95% interval; every pulled or loaded byte is checked.
 """
 OUT_FILE = "store.json"
 GOAL = Goal("<=", 1.2)
