@@ -122,9 +122,8 @@ def study_costs(cells: list[int], work: Path, policy: dict[str, Any]) -> dict[st
 
 
 def reproduce_costs(run_steps: list[int], work: Path, policy: dict[str, Any]) -> dict[str, list]:
-    """Tracked runs of each length in a committed copy of the repository (in `work`, outside any
-    checkout), then `scalelab reproduce` of each: both wall times, the steps each run planned and
-    whether reproduce matched."""
+    """Tracked runs of each length in a committed copy of the repository (in `work`, outside any checkout), then
+    `scalelab reproduce` of each: both wall times, the steps each run planned and whether reproduce matched."""
     if bad := [s for s in run_steps if s % STEPS_PER_EPOCH]:
         raise ValueError(f"--run-steps {bad}: each must be a multiple of {STEPS_PER_EPOCH} (steps per epoch)")
     repo = pipeline.committed_copy(PACKAGE_ROOT, work / "repo")
