@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from scalelab.bench import stats
 from scalelab.cli import main
 
 pytestmark = [pytest.mark.distributed, pytest.mark.integration, pytest.mark.slow]
@@ -21,8 +22,10 @@ def test_an_fsdp_save_holds_its_shard_and_ddp_the_whole_state(workdir, capsys):
     rows = {(r["strategy"], r["world_size"], r["parameters"]): r for r in result["rows"]}
     sizes = sorted({r["parameters"] for r in result["rows"]})
     assert len(rows) == 12 and sizes[1] > 20 * sizes[0]  # 3 arms x 2 world sizes x 2 sizes
-    assert set(result["goal"]) == {"parameters", "fsdp_save_2_over_1", "target", "met", "async_blocked_fraction"}
-    assert result["goal"]["met"] == (result["goal"]["fsdp_save_2_over_1"] <= 0.6) and result["dropped"] == []
+    assert set(result["goal"]) == {"parameters", "fsdp_save_2_over_1", "async_blocked_fraction"}
+    line = stats.read_summary(workdir / "bench")["checkpoint_fsdp_save_2_over_1"]  # the verdict: in summary.md only
+    assert line.endswith(": met" if result["goal"]["fsdp_save_2_over_1"] <= 0.6 else ": not met")
+    assert result["dropped"] == []
     big = sizes[1]
     for world in (1, 2):
         fsdp, ddp = rows[("fsdp", world, big)], rows[("ddp", world, big)]

@@ -42,7 +42,6 @@ def test_the_verdict_is_tpe_against_random(tmp_path, monkeypatch, tpe, rnd, verd
         line.endswith(f": {verdict}")
         and f"tpe_median best val_loss {'none' if tpe[0] is None else f'{tpe[0]:.4f}'}" in line
     )
-    assert result["meets_goal"] == {"met": True, "not met": False, "not measured": None}[verdict]
     assert "; 0 busy repeats dropped; goal " in line and result["dropped"] == []
 
 

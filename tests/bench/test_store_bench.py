@@ -23,7 +23,6 @@ def test_store_benchmark_pairs_every_transfer_with_a_plain_client(workdir, capsy
     for name, fig in result["figures"].items():
         assert len(fig["arm_s"]) == len(fig["plain_s"]) == 2 and min(fig["arm_s"] + fig["plain_s"]) > 0, name
         assert fig["median_ratio"] == pytest.approx(stats.median_ratio(fig["arm_s"], fig["plain_s"]))
-        assert fig["meets_goal"] == (fig["median_ratio"] <= 1.2) and result["goal_ratio"] == 1.2
-    summary = stats.read_summary(out)
-    assert {f"store_{n}" for n in names} <= set(summary)
-    assert result["meets_goal"] == all(f["meets_goal"] for f in result["figures"].values())
+    summary = stats.read_summary(out)  # each verdict: in summary.md only
+    for name, fig in result["figures"].items():
+        assert summary[f"store_{name}"].endswith(": met" if fig["median_ratio"] <= 1.2 else ": not met"), name

@@ -1,17 +1,15 @@
-"""How scalelab's costs grow with the work: a log-log slope per cost, and whether it is linear or
-worse. Measured here: the whole study against its cells and `scalelab reproduce` against the run's
-length; the other curves come from the files of the benchmarks that own them (run this one last).
-"""
+"""How scalelab's costs grow with the work: a log-log slope per cost, and whether it is linear or worse. Measured
+here: the whole study against its cells and `scalelab reproduce` against the run's length; the other curves come from
+the files of the benchmarks that own them (run this one last)."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
-import shutil
 import statistics
-import tempfile
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -19,9 +17,7 @@ from typing import Any
 import yaml
 
 from scalelab.bench import harness, pipeline
-from scalelab.bench.harness import Goal, opt
-from scalelab.config import DataConfig, build
-from scalelab.data.prepare import prepare
+from scalelab.bench.harness import Goal, opt, timed
 from scalelab.runtime.paths import PACKAGE_ROOT
 from scalelab.training.plan import RESOLVED_FILE, RUN_FILE
 
@@ -53,6 +49,7 @@ STUDY = {  # one setup (ddp-w1) on any machine; cell i runs batch 64 + i: nearly
     "world_sizes": [1], "precisions": ["fp32"], "compile": [False], "device": "cpu", "warmup_steps": 1,
     "timed_steps": 2, "repeats": 2, "max_others_cpu_share": 1.0,  # busy: the harness retries the whole study
 }  # fmt: skip
+TRACKING = {"experiment": "bench-scaling", "enabled": True, "system_metrics_interval_s": 0.0}
 STEPS_PER_EPOCH = 10  # of RUN_DATA's 457 synthetic samples, 320 train (46 val, 91 test): 10 steps of 32
 RUN_DATA = {"source": "synthetic", "synthetic": {"num_samples": 457, "num_features": 32}}
 RUN_TRAIN = {
@@ -72,11 +69,9 @@ def fit(sizes: list[float], costs: list[float]) -> dict[str, Any]:
 
 def plot(curves: dict[str, Any], path: Path) -> None:
     """One log-log panel per curve; reproduce's shows its run's own training beside it."""
-    import matplotlib
+    from scalelab.study.plots import _pyplot  # the study's pyplot on the Agg backend
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, axes = plt.subplots(2, 4, figsize=(17, 7))
     for ax, (name, curve) in zip(axes.flat, curves.items()):
         ax.loglog(curve["sizes"], curve["costs"], "o-", label=name.split("_vs_")[0])
@@ -93,17 +88,18 @@ def plot(curves: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def _base_params(root: Path) -> dict[str, Any]:
-    params = yaml.safe_load((root / "params.yaml").read_text())
-    params["tracking"].update(experiment="bench-scaling", enabled=True, system_metrics_interval_s=0.0)
-    return params
-
-
 def study_params(cells: int) -> dict[str, Any]:
     """params.yaml for a study of `cells` cells: STUDY at batch sizes 64, 65, ..."""
-    params = _base_params(PACKAGE_ROOT)
+    params = yaml.safe_load((PACKAGE_ROOT / "params.yaml").read_text())
+    params["tracking"].update(TRACKING)
     params["speedup"].update(STUDY, batch_sizes=[64 + i for i in range(cells)])
     return params
+
+
+def per_size(take: Callable[[int, int], Any], sizes: list[int], policy: dict[str, Any]) -> tuple[list, list]:
+    """`take(size, try)` kept once per size (a busy try retried, then dropped): the values and the drops."""
+    reps = [harness.take_repeats(partial(take, n), policy) for n in sizes]
+    return [r.kept[0] for r in reps], [d for r in reps for d in r.dropped]
 
 
 def study_costs(cells: list[int], work: Path, policy: dict[str, Any]) -> dict[str, list]:
@@ -121,50 +117,39 @@ def study_costs(cells: list[int], work: Path, policy: dict[str, Any]) -> dict[st
             raise RuntimeError(f"the {n}-cell study measured {measured} cells: {proc.stderr[-1500:]}")
         return wall_s
 
-    reps = [harness.take_repeats(partial(take, n), policy) for n in cells]  # a busy try retried, then dropped
-    wall = [r.kept[0] for r in reps]
-    return {"wall_s": wall, "per_cell_s": [w / n for w, n in zip(wall, cells)], "dropped": _dropped(reps)}
+    wall, dropped = per_size(take, cells, policy)
+    return {"wall_s": wall, "per_cell_s": [w / n for w, n in zip(wall, cells)], "dropped": dropped}
 
 
 def reproduce_costs(run_steps: list[int], work: Path, policy: dict[str, Any]) -> dict[str, list]:
-    """Tracked runs of each length in a committed copy of the repository, then `scalelab reproduce`
-    of each: both wall times, the steps each run planned and whether reproduce matched."""
+    """Tracked runs of each length in a committed copy of the repository (in `work`, outside any checkout), then
+    `scalelab reproduce` of each: both wall times, the steps each run planned and whether reproduce matched."""
     if bad := [s for s in run_steps if s % STEPS_PER_EPOCH]:
         raise ValueError(f"--run-steps {bad}: each must be a multiple of {STEPS_PER_EPOCH} (steps per epoch)")
-    tmp = Path(tempfile.mkdtemp(prefix="scalelab-bench-scaling-"))  # outside any checkout
-    try:
-        repo = pipeline.committed_copy(PACKAGE_ROOT, tmp / "repo")
-        paths = [str(repo / "libs"), str(repo), os.environ.get("PYTHONPATH", "")]
-        env = pipeline.store_env(work, tracking=False) | {"PYTHONPATH": os.pathsep.join(paths)}
-        base = _base_params(repo)
-        base["data"].update(RUN_DATA)
-        prepare(build(DataConfig, base["data"]), repo / "data/prepared")  # not timed; ignored by git
+    repo = pipeline.committed_copy(PACKAGE_ROOT, work / "repo")
+    paths = [str(repo / "libs"), str(repo), os.environ.get("PYTHONPATH", "")]
+    env = pipeline.store_env(work, tracking=False) | {"PYTHONPATH": os.pathsep.join(paths)}
+    base = yaml.safe_load((repo / "params.yaml").read_text())
+    base["tracking"].update(TRACKING)
+    base["data"].update(RUN_DATA)
+    base["train"].update(RUN_TRAIN)
+    pipeline.prepare_data(base, repo / "data/prepared")  # not timed; ignored by git
+    (repo / "results").mkdir(exist_ok=True)  # ignored by git: the tree stays clean
 
-        def take(n: int, i: int) -> dict[str, Any]:  # try i of an n-step run
-            params = {**base, "train": {**base["train"], **RUN_TRAIN, "epochs": n // STEPS_PER_EPOCH}}
-            path, out = repo / f"results/params-{n}-{i}.yaml", f"results/train-{n}-{i}"  # ignored by git: a clean tree
-            path.parent.mkdir(exist_ok=True)
-            path.write_text(yaml.safe_dump(params, sort_keys=False))
-            start = time.perf_counter()
-            pipeline.scalelab(
-                "train", "--params", str(path), "--data", "data/prepared", "--out", out, cwd=repo, env=env
-            )
-            train_s = time.perf_counter() - start
-            steps = json.loads((repo / out / RESOLVED_FILE).read_text())["plan"]["total_steps"]
-            run_id = json.loads((repo / out / RUN_FILE).read_text())["run_id"]
-            start = time.perf_counter()
-            proc = pipeline.scalelab("reproduce", run_id, "--yes", cwd=repo, env=env, ok=(0, 1))  # 1: a figure differed
-            reproduce_s = time.perf_counter() - start
-            return {"reproduce_s": reproduce_s, "train_s": train_s, "steps": steps, "matched": proc.returncode == 0}
+    def take(n: int, i: int) -> dict[str, Any]:  # try i of an n-step run
+        params = {**base, "train": {**base["train"], "epochs": n // STEPS_PER_EPOCH}}
+        path, out = pipeline.write_params(repo / f"results/params-{n}-{i}.yaml", params), f"results/train-{n}-{i}"
+        cmd = ["train", "--params", str(path), "--data", "data/prepared", "--out", out]
+        train_s = timed(pipeline.scalelab, *cmd, cwd=repo, env=env)
+        steps = json.loads((repo / out / RESOLVED_FILE).read_text())["plan"]["total_steps"]
+        run_id = json.loads((repo / out / RUN_FILE).read_text())["run_id"]
+        start = time.perf_counter()
+        proc = pipeline.scalelab("reproduce", run_id, "--yes", cwd=repo, env=env, ok=(0, 1))  # 1: a figure differed
+        reproduce_s = time.perf_counter() - start
+        return {"reproduce_s": reproduce_s, "train_s": train_s, "steps": steps, "matched": proc.returncode == 0}
 
-        reps = [harness.take_repeats(partial(take, n), policy) for n in run_steps]  # a busy try retried, then dropped
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return {key: [r.kept[0][key] for r in reps] for key in reps[0].kept[0]} | {"dropped": _dropped(reps)}
-
-
-def _dropped(reps: list[harness.Repeats]) -> list[dict[str, Any]]:
-    return [d for r in reps for d in r.dropped]
+    got, dropped = per_size(take, run_steps, policy)
+    return {key: [g[key] for g in got] for key in got[0]} | {"dropped": dropped}
 
 
 def from_files(out: Path) -> dict[str, Any]:
@@ -190,35 +175,29 @@ def from_files(out: Path) -> dict[str, Any]:
 def measure(ctx: harness.Context) -> dict[str, Any]:
     args, policy, curves = ctx.args, ctx.policy(1), from_files(ctx.out)
     study, rep = study_costs(args.cells, ctx.work, policy), reproduce_costs(args.run_steps, ctx.work, policy)
-    fixed = [r - t for r, t in zip(rep["reproduce_s"], rep["train_s"])]
-    curves["study_wall_vs_cells"] = {
-        **fit(args.cells, study["wall_s"]), "per_cell_s": study["per_cell_s"], "dropped": study["dropped"],
-    }  # fmt: skip
-    curves["reproduce_vs_run_length"] = {
-        **fit(rep["steps"], rep["reproduce_s"]), "train_s": rep["train_s"], "fixed_s": fixed,
-        "train_slope": fit(rep["steps"], rep["train_s"])["slope"], "matched": rep["matched"], "dropped": rep["dropped"],
-        "note": f"reproduce {rep['reproduce_s'][-1]:.1f} s = training {rep['train_s'][-1]:.1f} s "
-        f"+ {fixed[-1]:.1f} s at {rep['steps'][-1]} steps",
-    }  # fmt: skip
+    curves["study_wall_vs_cells"] = {**fit(args.cells, study.pop("wall_s")), **study}
+    steps, reproduce_s, train_s = rep.pop("steps"), rep.pop("reproduce_s"), rep["train_s"]
+    fixed = [r - t for r, t in zip(reproduce_s, train_s)]
+    note = f"reproduce {reproduce_s[-1]:.1f} s = training {train_s[-1]:.1f} s + {fixed[-1]:.1f} s at {steps[-1]} steps"
+    own = {"fixed_s": fixed, "train_slope": fit(steps, train_s)["slope"], "note": note}
+    curves["reproduce_vs_run_length"] = {**fit(steps, reproduce_s), **rep, **own}
     curves = {name: curves[name] for name in UNITS if name in curves}
     plot(curves, ctx.out / PLOT_FILE)
-    not_measured = {}
     for name, (source, _, _) in UNITS.items():
         if (curve := curves.get(name)) is None:
-            not_measured[name] = f"not measured: run `scalelab bench {source}` into this folder first"
-            ctx.figure(f"scaling_{name}", not_measured[name], None, GOAL)
+            text = f"not measured: run `scalelab bench {source}` into this folder first"
+            ctx.figure(f"scaling_{name}", text, None, GOAL)
             continue
         (low, *_, high), slope = curve["sizes"], curve["slope"]
         text = f"log-log slope {slope:.2f} ({curve['growth']}) over {low:g}..{high:g}"
         text += f"; {curve['note']}" if "note" in curve else ""
         ctx.figure(f"scaling_{name}", text, slope, GOAL, dropped=curve.get("dropped"))
     units = {name: {"size": size, "cost": cost} for name, (_, size, cost) in UNITS.items()}
-    result = {"linear_band": list(LINEAR_BAND), "curves": curves, "plot": PLOT_FILE, "units": units}
-    return result | ({"not_measured": not_measured} if not_measured else {})
+    return {"linear_band": list(LINEAR_BAND), "curves": curves, "plot": PLOT_FILE, "units": units}
 
 
 OPTIONS = (
     opt("--cells", [1, 2, 4, 8], "study sizes (cells)"),
     opt("--run-steps", [10, 100, 1000], "reproduce: training steps (x10)"),
 )
-BENCH = harness.Benchmark("scaling", "scaling.json", METHOD, measure, OPTIONS)
+BENCH = harness.Benchmark("scaling", "scaling.json", METHOD, measure, OPTIONS, scratch_outside=True)

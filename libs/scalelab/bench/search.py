@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 from typing import Any
@@ -13,13 +14,12 @@ from scalelab.bench.harness import Goal, opt, timed
 from scalelab.runtime.paths import PACKAGE_ROOT
 
 METHOD = """\
-Each arm: one `scalelab sweep submit` here (`sweep.launcher: local`, `--parallel` workers) in its own temporary folder
-and MLflow store, on params.yaml shrunk to a tiny digits MLP (sgd, `--epochs` epochs, one process); objective
-val_loss:min over the learning rate (log, 1e-4 to 1) and the hidden width (16 or 64), `--trials` trials (the grid's
-size). Arms: `tpe` with `--pruner median`, `random`, `grid` (6 log-spaced rates x 2 widths). Per arm: the best
-val_loss of a finished trial, the steps the trials ran (pruned ones up to their stop), trial states, wall time. A
-repeat runs every arm in turn on its own train.seed (busy repeats retried, then dropped); per arm the median over
-`--repeats`.
+Each arm: one `scalelab sweep submit` here (`sweep.launcher: local`) in its own temporary folder and MLflow store, on
+params.yaml shrunk to a tiny digits MLP (sgd, one process); objective val_loss:min over the learning rate (log, 1e-4 to
+1) and the hidden width (16 or 64), the same trial budget. Arms: `tpe` with `--pruner median`, `random`, `grid` (6
+log-spaced rates x 2 widths). Per arm: the best val_loss of a finished trial, the steps the trials ran (pruned ones up
+to their stop), trial states, wall time. A repeat runs every arm in turn on its own train.seed (busy repeats retried,
+then dropped); per arm the median over repeats.
 """
 GRID_LRS = [1e-4, 6.3e-4, 4e-3, 0.025, 0.16, 1.0]
 SPACE = {"train.lr": "loguniform(1e-4,1.0)", "train.model.hidden": "choice([16],[64])"}
@@ -49,8 +49,7 @@ def run_arm(work: Path, name: str, args: Any, seed: int, data: Path) -> dict[str
     method, pruner, space = ARMS[name]
     folder = work / f"{name}-{seed}"
     folder.mkdir(parents=True)
-    (folder / "dvc.yaml").write_text("stages: {}\n")  # a repository of its own
-    (folder / "params.yaml").write_text(yaml.safe_dump(_params(PACKAGE_ROOT, args.epochs, seed)))
+    pipeline.write_params(folder / "params.yaml", _params(PACKAGE_ROOT, args.epochs, seed))  # a repository of its own
     cmd = ["sweep", "submit", "--name", "b", "--data", str(data), "--method", method, "--pruner", pruner]
     cmd += ["--trials", str(args.trials), "--parallel", str(args.parallel)]
     cmd += [arg for key, text in space.items() for arg in ("-S", f"{key}={text}")]
@@ -73,22 +72,18 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
     prepare(build(DataConfig, {}), data)
     reps = harness.take_repeats(lambda seed: [run_arm(ctx.work, name, args, seed, data) for name in ARMS], ctx.policy())
     runs = [run for repeat in reps.kept for run in repeat]
-    arms = {}
-    for name in ARMS:
-        mine = [r for r in runs if r["arm"] == name]
-        best = [r["best_val_loss"] for r in mine if r["best_val_loss"] is not None]
-        arms[name] = {"best_val_loss_median": stats.median(best) if best else None}
-        arms[name] |= {f"{key}_median": stats.median([r[key] for r in mine]) for key in ("compute_steps", "wall_s")}
+    arms = {name: {} for name in ARMS}
+    for name, key in itertools.product(ARMS, ("best_val_loss", "compute_steps", "wall_s")):
+        values = [r[key] for r in runs if r["arm"] == name and r[key] is not None]
+        arms[name][f"{key}_median"] = stats.median(values) if values else None
     best = {n: a["best_val_loss_median"] for n, a in arms.items()}
     ratio = None if None in (best["tpe_median"], best["random"]) else best["tpe_median"] / best["random"]  # goal <= 1
     fewer = arms["tpe_median"]["compute_steps_median"] < arms["random"]["compute_steps_median"]  # and with fewer steps
     loss = {n: "none" if b is None else f"{b:.4f}" for n, b in best.items()}
     figure = "; ".join(f"{n} best val_loss {loss[n]} in {a['compute_steps_median']:.0f} steps" for n, a in arms.items())
     ctx.figure("search", figure, ratio, GOAL, also=fewer, dropped=reps.dropped)
-    return {
-        "trials": args.trials, "parallel": args.parallel, "epochs": args.epochs, "repeats": args.repeats,
-        "arms": arms, "runs": runs, "goal": str(GOAL), "meets_goal": GOAL.met(ratio, also=fewer), **reps.json(),
-    }  # fmt: skip
+    settings = {key: getattr(args, key) for key in ("trials", "parallel", "epochs", "repeats")}
+    return settings | {"arms": arms, "runs": runs, **reps.json()}
 
 
 OPTIONS = (
