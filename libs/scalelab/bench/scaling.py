@@ -69,9 +69,9 @@ def fit(sizes: list[float], costs: list[float]) -> dict[str, Any]:
 
 def plot(curves: dict[str, Any], path: Path) -> None:
     """One log-log panel per curve; reproduce's shows its run's own training beside it."""
-    from scalelab.study.plots import _pyplot  # the study's pyplot on the Agg backend
+    from scalelab.study.plots import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(2, 4, figsize=(17, 7))
     for ax, (name, curve) in zip(axes.flat, curves.items()):
         ax.loglog(curve["sizes"], curve["costs"], "o-", label=name.split("_vs_")[0])

@@ -19,7 +19,8 @@ from scalelab.study.measured import measured_singles, reference, seed_singles
 WORKERS = tuple(s for s in strategies.STRATEGIES.values() if s.distributed)  # plotted against workers
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (a cluster node has no display); the benchmarks' too."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -38,7 +39,7 @@ def _fit_ylim(ax, values: list[float], floor: float = 0.0) -> None:
 def plot(cfg: SpeedupConfig, frame: pd.DataFrame, path: Path):
     """Throughput and efficiency against workers at the reference axes, plus a precision panel
     (more than one precision) and a compile panel (compile off and on)."""
-    plt = _pyplot()
+    plt = pyplot()
     extra = [axis for axis, on in (("precision", len(cfg.precisions) > 1), ("compile", len(cfg.compile) > 1)) if on]
     fig, axes = plt.subplots(1, 2 + len(extra), figsize=(5 * (2 + len(extra)), 4), squeeze=False)
     axes = list(axes[0])
@@ -133,7 +134,7 @@ def _axis_panel(cfg: SpeedupConfig, frame: pd.DataFrame, axis: str, ax) -> None:
 
 def plot_batch(frame: pd.DataFrame, batch: pd.DataFrame, path: Path):
     """Throughput and speedup vs the best single process, against batch size (fp32, eager)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     batches = sorted(int(b) for b in batch.batch_size.unique()) if len(batch) else []
     tops, speeds = [], [1.0]
