@@ -13,7 +13,7 @@ import subprocess
 import pytest
 import yaml
 
-from scalelab.bench import scaling, stats
+from scalelab.bench import harness, scaling, stats
 from scalelab.cli import main
 from scalelab.config import parse_params
 from scalelab.launch.shape import local_capacity
@@ -106,6 +106,22 @@ def test_a_curve_whose_benchmark_did_not_run_is_not_measured(workdir, monkeypatc
     assert "run `scalelab bench checkpoint` into this folder first" in lines["scaling_checkpoint_save_vs_parameters"]
     assert lines["scaling_tracking_in_thread_vs_metrics_per_step"].endswith(": not measured")
     assert lines["scaling_prepare_time_vs_csv_rows"].endswith(": not measured")
+
+
+def test_a_study_busy_through_every_try_withholds_its_curve_and_keeps_the_others(workdir, monkeypatch):
+    def busy_study(cells, work, policy):
+        raise harness.MachineBusy("machine busy: all 4 repeats were taken while other processes held the CPU")
+
+    monkeypatch.setattr(scaling, "study_costs", busy_study)
+    monkeypatch.setattr(scaling, "reproduce_costs", known_reproduce)
+    others_figures(workdir / "bench")
+    assert main(["bench", "scaling", "--out", "bench", *TINY]) == 0
+    curves = json.loads((workdir / "bench/scaling.json").read_text())["curves"]
+    assert set(curves) == set(scaling.UNITS) - {"study_wall_vs_cells"}  # read from files, and reproduce's
+    lines = stats.read_summary(workdir / "bench")
+    assert "not measured: machine busy: all 4 repeats" in lines["scaling_study_wall_vs_cells"]
+    assert lines["scaling_study_wall_vs_cells"].endswith(": not measured")
+    assert lines["scaling_checkpoint_save_vs_parameters"].endswith(": not met")  # written all the same
 
 
 def test_a_busy_study_is_retried_in_a_fresh_folder_and_its_drop_counted(tmp_path, monkeypatch):

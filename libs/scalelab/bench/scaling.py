@@ -172,20 +172,32 @@ def from_files(out: Path) -> dict[str, Any]:
     return curves
 
 
-def measure(ctx: harness.Context) -> dict[str, Any]:
-    args, policy, curves = ctx.args, ctx.policy(1), from_files(ctx.out)
-    study, rep = study_costs(args.cells, ctx.work, policy), reproduce_costs(args.run_steps, ctx.work, policy)
-    curves["study_wall_vs_cells"] = {**fit(args.cells, study.pop("wall_s")), **study}
+def study_curve(args: Any, work: Path, policy: dict[str, Any]) -> dict[str, Any]:
+    study = study_costs(args.cells, work, policy)
+    return {**fit(args.cells, study.pop("wall_s")), **study}
+
+
+def reproduce_curve(args: Any, work: Path, policy: dict[str, Any]) -> dict[str, Any]:
+    rep = reproduce_costs(args.run_steps, work, policy)
     steps, reproduce_s, train_s = rep.pop("steps"), rep.pop("reproduce_s"), rep["train_s"]
     fixed = [r - t for r, t in zip(reproduce_s, train_s)]
     note = f"reproduce {reproduce_s[-1]:.1f} s = training {train_s[-1]:.1f} s + {fixed[-1]:.1f} s at {steps[-1]} steps"
     own = {"fixed_s": fixed, "train_slope": fit(steps, train_s)["slope"], "note": note}
-    curves["reproduce_vs_run_length"] = {**fit(steps, reproduce_s), **rep, **own}
+    return {**fit(steps, reproduce_s), **rep, **own}
+
+
+def measure(ctx: harness.Context) -> dict[str, Any]:
+    curves, busy = from_files(ctx.out), {}
+    for name, curve in (("study_wall_vs_cells", study_curve), ("reproduce_vs_run_length", reproduce_curve)):
+        try:
+            curves[name] = curve(ctx.args, ctx.work, ctx.policy(1))
+        except harness.MachineBusy as exc:  # no figure for this curve; the others are still written
+            busy[name] = f"not measured: {exc}"
     curves = {name: curves[name] for name in UNITS if name in curves}
     plot(curves, ctx.out / PLOT_FILE)
     for name, (source, _, _) in UNITS.items():
         if (curve := curves.get(name)) is None:
-            text = f"not measured: run `scalelab bench {source}` into this folder first"
+            text = busy.get(name, f"not measured: run `scalelab bench {source}` into this folder first")
             ctx.figure(f"scaling_{name}", text, None, GOAL)
             continue
         (low, *_, high), slope = curve["sizes"], curve["slope"]
