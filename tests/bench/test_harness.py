@@ -105,3 +105,8 @@ def test_a_failing_benchmark_writes_its_json_and_then_fails(tmp_path):
     with pytest.raises(harness.Failed, match="wrong"):
         harness.run(bad, bench_args(bad), tmp_path)
     assert json.loads((tmp_path / "bad.json").read_text())["x"] == 1
+
+
+def test_each_arm_leads_in_turn_and_two_arms_alternate():
+    assert [harness.rotated(["a", "b"], i) for i in range(3)] == [["a", "b"], ["b", "a"], ["a", "b"]]
+    assert [harness.rotated("xyz", i)[0] for i in range(4)] == ["x", "y", "z", "x"]

@@ -15,7 +15,7 @@ import resource
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,6 +106,12 @@ class Context:
 def ranks_of(strategy: str, nproc: int) -> int | None:
     """Ranks under torchrun for a distributed strategy; None: one plain process."""
     return nproc if strategies.get(strategy).distributed else None
+
+
+def rotated(arms: Iterable[str], i: int) -> list[str]:
+    """The arms in repeat `i`'s order: rotated by `i`, so each leads in turn (two arms alternate)."""
+    arms = list(arms)
+    return arms[i % len(arms) :] + arms[: i % len(arms)]
 
 
 def timed(work: Callable[..., object], *args: Any, **kwargs: Any) -> float:

@@ -45,7 +45,7 @@ def time_arms(loop: Any, loaders: dict, steps: int, epochs: int, busy: dict, acc
 
     def take(i: int) -> dict[str, list[float]]:
         got = {}
-        for arm in arms if i % 2 == 0 else arms[::-1]:
+        for arm in harness.rotated(arms, i):
             dist.barrier()
             passes = [epoch_times(loop, loaders[arm], next(epoch), steps, accum) for _ in range(epochs)]
             got[arm] = [sum(col) for col in zip(*passes)]

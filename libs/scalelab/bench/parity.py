@@ -78,8 +78,9 @@ def _measure_arms(spec: dict[str, Any]) -> dict[str, Any]:
             step[name](i)
 
     def take(i: int) -> dict[str, float]:  # one repeat: both arms step by step, the order alternating
-        order = ARMS if i % 2 == 0 else ARMS[::-1]
-        times = timed_repeats({n: step[n] for n in order}, repeats=1, steps=spec["steps"], interleave="step")
+        times = timed_repeats(
+            {n: step[n] for n in harness.rotated(ARMS, i)}, repeats=1, steps=spec["steps"], interleave="step"
+        )
         return {n: slowest_rank([sum(times[n][0])])[0] / spec["steps"] for n in ARMS}
 
     reps = harness.take_repeats(take, spec["busy"])

@@ -53,7 +53,7 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
     env = pipeline.store_env(work, tracking=raw["tracking"].get("enabled", True))
 
     def take(rep: int) -> dict[str, Any]:  # one repeat: both arms, the order alternating
-        return {arm: _train(paths[arm], data, work / f"train-{arm}-{rep}", env) for arm in ARMS[:: 1 - 2 * (rep % 2)]}
+        return {arm: _train(paths[arm], data, work / f"train-{arm}-{rep}", env) for arm in harness.rotated(ARMS, rep)}
 
     reps = harness.take_repeats(take, ctx.policy())
     runs = {arm: [r[arm] for r in reps.kept] for arm in ARMS}

@@ -99,7 +99,7 @@ def measure_runs(ctx: harness.Context) -> tuple[list[dict], list[dict], str, Any
         torch.save({"x": torch.tensor(arrays["x"]).flatten(1), "y": torch.tensor(arrays["y"])}, split)
         script_env = {k: v for k, v in env.items() if k != TIMINGS_ENV} | {"PYTHONUNBUFFERED": "1"}
         arms["handwritten"] = lambda i: run_once(script, work, script_env, tree["train"]["threads_per_process"])
-    reps = harness.take_repeats(lambda i: {n: arms[n](i) for n in list(arms)[:: 1 - 2 * (i % 2)]}, ctx.policy())
+    reps = harness.take_repeats(lambda i: {n: arms[n](i) for n in harness.rotated(arms, i)}, ctx.policy())
     return [r["scalelab"] for r in reps.kept], [r["handwritten"] for r in reps.kept if script], reason, reps
 
 

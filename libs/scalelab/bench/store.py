@@ -134,27 +134,26 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
         files = {size: bench.add(size) for size in args.sizes_mb}
         bench.checkpoint(args.checkpoint_mb)
 
-        def take(r: int) -> dict[str, tuple[float, float]]:  # one round: every pair, (arm, plain) seconds
+        def take(r: int) -> dict[str, dict[str, float]]:  # a round: each pair's seconds, its first arm alternating
             pairs = {}
             for (size, (path, md5)), op in itertools.product(files.items(), ("push", "pull")):
-                pairs[f"{op}_{size}mb"] = (
-                    partial(bench.dvc, op, path, f"dvc/{r}-{size}", md5),
-                    partial(bench.plain, op, {path: md5}, f"plain/{r}-{size}"),
-                )
+                pairs[f"{op}_{size}mb"] = {
+                    "arm": partial(bench.dvc, op, path, f"dvc/{r}-{size}", md5),
+                    "plain": partial(bench.plain, op, {path: md5}, f"plain/{r}-{size}"),
+                }
             for op, verb in (("push", "save"), ("pull", "load")):
-                pairs[f"checkpoint_{verb}"] = (
-                    partial(bench.dcp, op, r),
-                    partial(bench.plain, op, bench.parts, f"plain-ckpt/{r}"),
-                )
-            order = -1 if r % 2 else 1  # the first arm alternates by round
-            return {name: tuple(arm() for arm in pair[::order])[::order] for name, pair in pairs.items()}
+                pairs[f"checkpoint_{verb}"] = {
+                    "arm": partial(bench.dcp, op, r),
+                    "plain": partial(bench.plain, op, bench.parts, f"plain-ckpt/{r}"),
+                }
+            return {name: {arm: pair[arm]() for arm in harness.rotated(pair, r)} for name, pair in pairs.items()}
 
         reps = harness.take_repeats(take, ctx.policy())
     finally:
         server.stop(bench.server.base)
     figures = {}
     for name in reps.kept[0]:
-        arm, plain = [r[name][0] for r in reps.kept], [r[name][1] for r in reps.kept]
+        arm, plain = ([r[name][key] for r in reps.kept] for key in ("arm", "plain"))
         fig = figures[name] = {"arm_s": arm, "plain_s": plain, **stats.ratio_figures(arm, plain)}
         text = f"{name.replace('_', ' ')}: scalelab/plain S3 client {stats.ratio_text(fig, 2)}"
         ctx.figure(f"store_{name}", text, fig["median_ratio"], GOAL, dropped=reps.dropped)

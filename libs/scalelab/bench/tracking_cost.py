@@ -112,7 +112,7 @@ def measure_arms(ctx: harness.Context, client: Any, exp: str) -> dict[str, Any]:
 
     def take(rep: int) -> dict[str, dict[str, Any]]:  # arm -> times (s), tracker CPU (ns), drain and writer CPU (s)
         got = {}
-        for arm in ARMS[rep % len(ARMS) :] + ARMS[: rep % len(ARMS)]:
+        for arm in harness.rotated(ARMS, rep):
             before, log_every = writer_s(arm), args.default_log_every if arm.endswith("_default") else 1
             times, ns = run_steps(rank, trackers[arm], steps[arm], args.flush_every, 1 + rep * steps[arm], log_every)
             drain_s = harness.timed(trackers[arm].flush, wait=True)  # the writer is idle before the next arm starts
@@ -197,7 +197,7 @@ def stopflag_rank(spec: dict[str, Any]) -> dict[str, Any]:
     arms = {"plain": lambda step: loop.step([batches[step % 2]]), "stop_flag": stop_flag}
 
     def take(i: int) -> dict[str, list[float]]:  # one repeat of both arms, the order alternating
-        order = list(arms) if i % 2 == 0 else list(arms)[::-1]
+        order = harness.rotated(arms, i)
         return {a: t[0] for a, t in timed_repeats({a: arms[a] for a in order}, repeats=1, steps=spec["steps"]).items()}
 
     reps = harness.take_repeats(take, spec["busy"])
