@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from scalelab.bench import harness, loader
+from scalelab.bench import harness, loader, pipeline
 from scalelab.bench.harness import Goal, opt, timed
 from scalelab.bench.scaling import fit
 from scalelab.config import TrainConfig, build
@@ -68,10 +67,7 @@ def write_corpus(folder: Path, size_mb: int) -> Path:
 def prepare_child(cfg: dict[str, Any], out: Path, *seq_len: int) -> dict[str, float]:
     """`prepare` of `cfg` (a data section) in a fresh process: its time and peak memory."""
     cmd = [sys.executable, "-c", PREPARE_CHILD, json.dumps(cfg), str(out), *map(str, seq_len)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"prepare of {cfg} failed: {proc.stderr.strip()[-1500:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(pipeline.run(cmd, f"prepare of {cfg}").stdout.strip().splitlines()[-1])
 
 
 def measure_rank(spec: dict[str, Any]) -> dict[str, Any]:

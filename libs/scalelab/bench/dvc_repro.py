@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import operator
 import os
 import re
 import sys
@@ -11,10 +9,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from scalelab.bench import harness, pipeline, stats
 from scalelab.bench.harness import Goal, opt
+from scalelab.config import flatten, read_yaml
 from scalelab.config.overrides import parse_overrides
 from scalelab.runtime.paths import PACKAGE_ROOT
 
@@ -48,7 +45,7 @@ def measure(ctx: harness.Context) -> dict[str, Any]:
     pipeline.committed_copy(Path(args.repo), dest, {k: v[0] for k, v in parse_overrides(sets).items()})
     first = repro(dest)  # the whole pipeline, not timed
     reps = harness.take_repeats(lambda i: repro(dest), ctx.policy())
-    base = functools.reduce(operator.getitem, args.param.split("."), yaml.safe_load((dest / "params.yaml").read_text()))
+    base = flatten(read_yaml(dest / "params.yaml"))[args.param]
     noop, incremental = reps.kept, []
     for i in range(args.incremental_repeats):
         value = max(1, base // 2 - i)  # a new value each time: DVC's run cache restores an old one

@@ -26,8 +26,7 @@ GIT = ["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", "-c",
 def params_tree(path: str | Path, sets: list[str]) -> dict[str, Any]:
     """params.yaml at `path` with `sets` applied, validated (errors name the key)."""
     grid = parse_overrides(sets)
-    multi = [k for k, v in grid.items() if len(v) != 1]
-    if multi:
+    if multi := [k for k, v in grid.items() if len(v) != 1]:
         raise ConfigError(f"--set {multi[0]}: give one value, not a sweep")
     raw = apply(read_yaml(path), {k: v[0] for k, v in grid.items()})
     parse_params(raw, str(path))

@@ -36,14 +36,14 @@ def benchmark(name: str) -> harness.Benchmark:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    out = argparse.ArgumentParser(add_help=False)
+    out.add_argument("--out", default="results/bench", help=OUT_HELP)
     sub = parser.add_subparsers(dest="name", required=True)
     for name, file in MODULES.items():  # each one's help: the first line of its module's docstring
         module = importlib.import_module(f"scalelab.bench.{file}")
-        p = sub.add_parser(name, help=(module.__doc__ or "").split("\n")[0])
-        p.add_argument("--out", default="results/bench", help=OUT_HELP)
+        p = sub.add_parser(name, help=(module.__doc__ or "").split("\n")[0], parents=[out])
         module.BENCH.add_arguments(p)
-    p = sub.add_parser("all", help="every benchmark with its defaults")
-    p.add_argument("--out", default="results/bench", help=OUT_HELP)
+    sub.add_parser("all", help="every benchmark with its defaults", parents=[out])
 
 
 def run(args: argparse.Namespace) -> int:
