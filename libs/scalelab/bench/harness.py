@@ -1,8 +1,7 @@
-"""The one benchmark harness: a `Benchmark` declaration (name, JSON file, method, options,
-`measure(ctx) -> dict`), ranks from a spec (`ctx.ranks`, launch.local.run_ranks; inside a rank
-`rank_loop` builds the Loop and two synthetic batches), `take_repeats` (study.busy: a busy repeat is
-retried, then dropped and counted in the figure's line) and `ctx.figure` (a goal and a computed verdict).
-"""
+"""The one benchmark harness: a `Benchmark` declaration (name, JSON file, method, options, `measure(ctx) -> dict`),
+ranks from a spec (`ctx.ranks`, launch.local.run_ranks; inside a rank `rank_loop` builds the Loop and two synthetic
+batches), `take_repeats` (study.busy: a busy repeat is retried, then dropped and counted in the figure's line) and
+`ctx.figure` (a goal and a computed verdict)."""
 
 from __future__ import annotations
 
