@@ -1,8 +1,7 @@
-"""The one benchmark harness: a `Benchmark` declaration (name, JSON file, method, options,
-`measure(ctx) -> dict`), ranks from a spec (`ctx.ranks`, launch.local.run_ranks; inside a rank
-`rank_loop` builds the Loop and two synthetic batches), `take_repeats` (study.busy: a busy repeat is
-retried, then dropped and counted in the figure's line) and `ctx.figure` (a goal and a computed verdict).
-"""
+"""The one benchmark harness: a `Benchmark` declaration (name, JSON file, method, options, `measure(ctx) -> dict`),
+ranks from a spec (`ctx.ranks`, launch.local.run_ranks; inside a rank `rank_loop` builds the Loop and two synthetic
+batches), `take_repeats` (study.busy: a busy repeat is retried, then dropped and counted in the figure's line) and
+`ctx.figure` (a goal and a computed verdict)."""
 
 from __future__ import annotations
 
@@ -175,11 +174,10 @@ def _snapshot(pids: list[int]) -> disturbance.Snapshot:
     return dataclasses.replace(snap, own_ticks=snap.own_ticks + reaped)
 
 
-def take_repeats(take: Callable[[int], Any], policy: dict[str, Any], pids: list[int] = ()) -> Repeats:
+def take_repeats(take: Callable[[int], Any], policy: dict[str, Any]) -> Repeats:
     """`take(i)` on every rank until `policy["repeats"]` were kept, busy ones (rank 0's measure)
     retried, then dropped; a collective. MachineBusy when none was kept."""
-    env = dist.read_env()
-    ours = [*dist.all_gather_object(os.getpid()), *pids]
+    env, ours = dist.read_env(), dist.all_gather_object(os.getpid())
     values: list[Any] = []
 
     def turn(_: str) -> dict[str, Any]:

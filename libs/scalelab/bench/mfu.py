@@ -57,7 +57,7 @@ def matmul_params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if id(p) not in lookups)
 
 
-def peak_tflops(device: torch.device, precision: str, given: float | None) -> tuple[float | None, str]:
+def peak_tflops(device: torch.device, precision: str, given: float | None) -> tuple[float | None, str | None]:
     """(peak TFLOP/s or None, where it came from)."""
     if given is not None:  # checked > 0 by model_config, before anything runs
         return given, "--peak-tflops"
