@@ -29,6 +29,8 @@ import pytest
 from helpers import ARTIFACTS_ENV, RELIABILITY_ENV, REPO, copy_repo, reliability_path, shown_artifacts_dir
 from services import browser  # noqa: F401 (one session fixture: Playwright's sync API allows one per thread)
 
+pytest_plugins = ["cpu_report"]  # SCALELAB_TEST_CPU=<file>: each test's CPU seconds (tests/cpu_report.py)
+
 # Hypothesis keeps caches (constants, unicode data) in ./.hypothesis: not in the checkout
 os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(Path(tempfile.gettempdir()) / "scalelab-hypothesis"))
 # markers that keep a test out of `make test-fast` (services, or a cost of more than a few seconds)
