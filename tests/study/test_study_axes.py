@@ -8,8 +8,6 @@ cached eager cell. What the report answers from such rows is checked on hand-bui
 test_report.py.
 """
 
-import json
-
 import pandas as pd
 import pytest
 
@@ -57,13 +55,13 @@ def study(workdir, **speedup):
     return out, pd.read_csv(out / "speedup.csv", keep_default_na=False).set_index("name")
 
 
-def check_cells_ran_their_rows(out, frame):
-    """Each measured cell ran what its row says: the global batch is its batch (x2 ranks for ddp)."""
+def check_cells_ran_their_rows(frame):
+    """Each measured cell ran what its row says: the global batch its ranks measured is its batch (x2
+    ranks for ddp). From the cell's measured columns, not its cache file: a study that withholds a
+    cell as measured on a busy machine keeps none of its cells in the cache (study.run)."""
     for name, row in frame[frame.status == "ok"].iterrows():
-        [path] = (out / "cells").glob(f"{name}-{'?' * 16}.json")  # the cache: <cell>-<key>.json
-        cell = json.loads(path.read_text())
-        assert cell["global_batch"] == int(row.batch_size) * int(row.world_size), name
-        assert cell["peak_mem_bytes_per_rank"] > 0 and cell["param_bytes_per_rank"] > 0, name
+        assert float(row.global_batch) == float(row.batch_size) * float(row.world_size), name
+        assert float(row.peak_mem_bytes_per_rank) > 0 and float(row.param_bytes_per_rank) > 0, name
 
 
 @pytest.mark.integration
@@ -81,7 +79,7 @@ def test_batch_precision_and_compile_cells_measure_what_their_rows_say(workdir):
     baselines = ran[ran.index.str.startswith("single-t1")]  # one thread: nothing to compare them to
     assert len(baselines) == 4 and (baselines.status == "ok").all(), baselines.reason.to_list()
     assert sorted(set(ran.batch_size.astype(int))) == [64, 256] and set(ran.precision) == {"fp32", "bf16"}
-    check_cells_ran_their_rows(out, frame)
+    check_cells_ran_their_rows(frame)
     batch = pd.read_csv(out / "speedup_batch.csv")
     assert sorted(set(batch[batch.name.str.startswith("ddp-w2")].batch_size)) == [64, 256]
     crossover = pd.read_csv(out / "speedup_crossover.csv", keep_default_na=False)
@@ -92,13 +90,14 @@ def test_batch_precision_and_compile_cells_measure_what_their_rows_say(workdir):
     assert fastest in answers  # the fastest cell is named
 
     # one compiled cell, the hardest: DDP on 2 ranks at the reference batch and precision; its
-    # eager cell is the first run's, reused from the cache
+    # eager cell is the first run's, reused from the cache unless that run withheld a busy cell
+    kept = not (frame.status == "invalid").any()
     out, frame = study(workdir, strategies=["ddp"], batch_sizes=[64], precisions=["fp32"])
     assert list(frame.index) == ["ddp-w2", "ddp-w2-compiled"]
     assert (frame.status == "ok").all(), frame.reason.to_dict()
-    assert frame.cached.astype(str).to_dict() == {"ddp-w2": "True", "ddp-w2-compiled": "False"}
+    assert frame.cached.astype(str).to_dict() == {"ddp-w2": str(kept), "ddp-w2-compiled": "False"}
     assert float(frame.loc["ddp-w2-compiled", "compile_s"]) > 0
-    check_cells_ran_their_rows(out, frame)
+    check_cells_ran_their_rows(frame)
     answers = (out / "speedup.md").read_text().split("## Answers")[1].split("\n## ")[0]
     assert "compile" in answers
 
