@@ -53,13 +53,15 @@ def test_study_outputs_and_mlflow(workdir):
     assert dp.status == "skipped" and "CUDA" in dp.reason and dp.samples_per_s_median == ""
     ok = frame[frame.status == "ok"]
     assert (ok.samples_per_s_min.astype(float) <= ok.samples_per_s_median.astype(float)).all()
-    # speedup from the cells' own repeats, not from the report's code
-    cell = {n: cell_result(out / "cells", n) for n in ("single-t1", "ddp-w2")}
-    med = {n: statistics.median(c["samples_per_s"]) for n, c in cell.items()}
+    # speedup from the cells' own repeats in the cache, not from the report's code; a study that
+    # withholds a cell as measured on a busy machine keeps none of its cells there (study.run)
+    kept = not (frame.status == "invalid").any()
     ddp = by_name.loc["ddp-w2"]
-    if ddp.status == "ok":
+    if ddp.status == "ok" and kept:
+        cell = {n: cell_result(out / "cells", n) for n in ("single-t1", "ddp-w2")}
+        med = {n: statistics.median(c["samples_per_s"]) for n, c in cell.items()}
         assert float(ddp.speedup) == pytest.approx(med["ddp-w2"] / med["single-t1"])
-    else:  # other tests slowed single-t1: faster than 2 cores allow, so no speedup is stated
+    elif ddp.status != "ok":  # other tests slowed single-t1: faster than 2 cores allow, so no speedup is stated
         assert ddp.reason.startswith("machine busy") and ddp.speedup == "", dict(ddp)
     # fsdp at both world sizes, with memory filled: two ranks hold half of each tensor
     assert ok_or_busy(by_name.loc[["fsdp-w1", "fsdp-w2"]]), by_name.reason.to_dict()
@@ -94,10 +96,11 @@ def test_study_outputs_and_mlflow(workdir):
         if name in skipped:
             assert child.info.status == "KILLED" and child.data.tags["scalelab.status"] == "skipped"
             continue
-        timed = cell_result(out / "cells", name)
-        timed_ms = sum(timed["step_time_ms"]) * TINY["timed_steps"]  # every timed step, every repeat
         assert child.info.status == "FINISHED"
-        assert child.info.end_time - child.info.start_time >= timed_ms, (name, child.info, timed_ms)
+        if kept:
+            timed = cell_result(out / "cells", name)
+            timed_ms = sum(timed["step_time_ms"]) * TINY["timed_steps"]  # every timed step, every repeat
+            assert child.info.end_time - child.info.start_time >= timed_ms, (name, child.info, timed_ms)
     assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {
         "speedup.csv",
         "speedup.md",
