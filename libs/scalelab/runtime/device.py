@@ -50,23 +50,12 @@ def cuda_index(env: dist.DistEnv) -> int:
 def determinism(deterministic: bool, kind: str) -> None:
     """`torch.use_deterministic_algorithms`. On CUDA a nondeterministic kernel raises rather than
     warns, cuBLAS gets its fixed workspace (CUBLAS_WORKSPACE_CONFIG, read when cuBLAS starts) and
-    TF32 is off for cuDNN and matmul, so a run tagged deterministic is. CPU kernels only warn.
-
-    The flag is set as `torch.use_deterministic_algorithms` sets it, less inductor's copy: that
-    function imports torch._inductor (over 1 s of CPU in every rank and study cell) for a flag that
-    only torch.compile reads; `deterministic_compile` passes it on before a model is compiled."""
+    TF32 is off for cuDNN and matmul, so a run tagged deterministic is. CPU kernels only warn."""
     if deterministic and kind == "cuda":
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
-    torch._C._set_deterministic_algorithms(deterministic, warn_only=kind != "cuda")
-
-
-def deterministic_compile() -> None:
-    """Before torch.compile: the process's deterministic setting (`determinism`) reaches inductor."""
-    torch.use_deterministic_algorithms(
-        torch.are_deterministic_algorithms_enabled(), warn_only=torch.is_deterministic_algorithms_warn_only_enabled()
-    )
+    torch.use_deterministic_algorithms(deterministic, warn_only=kind != "cuda")
 
 
 def tf32_tags(kind: str) -> dict[str, str]:

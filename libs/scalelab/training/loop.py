@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 from scalelab.config import names
-from scalelab.runtime.device import deterministic_compile
 from scalelab.training import strategy, workloads
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -136,7 +135,6 @@ def build_loop(
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     optimizer = optim.build(model.parameters())
     if compile:
-        deterministic_compile()
         model = torch.compile(model)
     return Loop(
         model=model,
