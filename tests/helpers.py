@@ -65,6 +65,12 @@ def ok_or_busy(frame: Any) -> bool:
     return bool(((frame.status == "ok") | busy).all())
 
 
+def kept_its_cells(frame: Any) -> bool:
+    """Whether a study's cells are in its cell cache: a study that withholds a cell as measured on a
+    busy machine keeps none of them there (study.run), so a later study measures them again."""
+    return not (frame.status == "invalid").any()
+
+
 def withheld_or(headline: dict[str, Any], key: str) -> bool:
     """Whether the study's headline metrics hold `key`, or say in words why no number is stated (a
     busy machine: other tests share it). Tests that are not about disturbance accept either."""
