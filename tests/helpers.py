@@ -11,6 +11,7 @@ import functools
 import os
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,28 @@ def run_cli(
             f"{cmd} exited {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
         )
     return proc
+
+
+# torch 2.13's CPU profiler has aborted a profiled rank in two whole-suite CI runs (glibc found its
+# heap corrupted, once right after the profiler started, once right after it stopped). Never seen
+# here: 16 profiled `scalelab train` jobs beside a busy loop, and ~8,000 profiler start/stop cycles
+# on 2 DDP gloo ranks, all clean. A test of a profiled job reruns it once on that abort alone (a
+# user reruns the same way: the job resumes from its last checkpoint).
+HEAP_CRASHES = ("malloc(): ", "free(): ", "double free or corruption", "corrupted double-linked list")
+
+
+def once_more_if_heap_crash(attempt: Callable[[], Any], tidy: Callable[[], None] = lambda: None) -> Any:
+    """`attempt()`; if it fails on glibc's heap-corruption abort (above), `tidy()` and once more."""
+    try:
+        return attempt()
+    except AssertionError as err:
+        if not any(text in str(err) for text in HEAP_CRASHES):
+            raise
+        warnings.warn(
+            f"a profiled rank aborted with heap corruption (torch's profiler); rerun once:\n{err}", stacklevel=2
+        )
+        tidy()
+        return attempt()
 
 
 def training_pipeline(repo: Path, params: dict[str, Any], commit: bool = False) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from helpers import log_of, newest_logs, output_tail, says_why, wait_for
+from helpers import log_of, newest_logs, once_more_if_heap_crash, output_tail, says_why, wait_for
 
 
 def test_a_wait_without_a_log_is_refused():
@@ -54,3 +54,30 @@ def test_says_why_adds_the_tail_to_any_error(tmp_path):
     with pytest.raises(TimeoutError) as failed, says_why(tmp_path / "ui.log"):
         raise TimeoutError("Timeout 90000ms exceeded")  # as Playwright raises it
     assert "Traceback: the server died" in failed.value.__notes__[0]
+
+
+def test_only_a_heap_corruption_abort_is_run_once_more():
+    """A rank aborted by glibc's heap check (torch's profiler, tests/helpers.py) is rerun after
+    `tidy`; any other failure is raised as it is, with nothing tidied or rerun."""
+    calls, tidied = [], []
+
+    def aborts_first():
+        calls.append(1)
+        if len(calls) == 1:
+            raise AssertionError("rank 1 was killed by SIGABRT: malloc(): unsorted double linked list corrupted")
+        return "trained"
+
+    with pytest.warns(UserWarning, match="heap corruption"):
+        assert once_more_if_heap_crash(aborts_first, lambda: tidied.append(1)) == "trained"
+    assert len(calls) == 2 and tidied == [1]
+
+    calls.clear()
+    tidied.clear()
+
+    def fails():
+        calls.append(1)
+        raise AssertionError("scalelab train exited 1: train.lr: -1 is not > 0")
+
+    with pytest.raises(AssertionError, match="train.lr"):
+        once_more_if_heap_crash(fails, lambda: tidied.append(1))
+    assert len(calls) == 1 and tidied == []

@@ -15,11 +15,24 @@ import signal
 import subprocess
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 from mlflow import MlflowClient
 
-from helpers import BIN, copy_repo, output_tail, queue_logs, run_cli, says_why, tiny_params, wait_for, write_params
+from helpers import (
+    BIN,
+    copy_repo,
+    kept_its_cells,
+    once_more_if_heap_crash,
+    output_tail,
+    queue_logs,
+    run_cli,
+    says_why,
+    tiny_params,
+    wait_for,
+    write_params,
+)
 
 # one worker runs the module: the baseline (a `dvc repro`, over a minute) is built once, not per worker
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("dvc-experiments")]
@@ -81,7 +94,9 @@ def repo(baseline, tmp_path) -> Path:
 def test_queued_and_temp_experiments_keep_their_runs_and_measure_no_cell(repo):
     [base] = train_runs(repo)
     cells = cell_files(repo)
-    assert cells  # the baseline measured the study into the main repository's cache
+    # the baseline measured the study into the main repository's cache (unless, on a machine busy
+    # enough to make a cell invalid, it kept none there; the check below holds either way)
+    assert cells or not kept_its_cells(pd.read_csv(repo / "results/speedup/speedup.csv"))
     run_cli("dvc", "exp", "run", "--queue", "-S", "train.lr=0.002", "-n", "lr2", cwd=repo)
     run_cli("dvc", "exp", "run", "--queue", "-S", "train.lr=0.004", "-n", "lr4", cwd=repo)
     run_cli("dvc", "queue", "start", "-j", "2", cwd=repo)
@@ -159,7 +174,14 @@ def test_a_queued_experiment_runs_the_code_it_was_queued_with(repo):
 def test_a_rerun_after_a_finished_job_trains_anew_into_a_new_run(repo):
     [base] = train_runs(repo)
     # one rerun of train (the target: evaluate adds nothing here) under a new cadence, profiled
-    run_cli("dvc", "exp", "run", "-S", "train.log_every_steps=3", "-S", "train.profile.enabled=true", "train", cwd=repo)
+    args = ("dvc", "exp", "run", "-S", "train.log_every_steps=3", "-S", "train.profile.enabled=true", "train")
+
+    def tidy():  # the aborted attempt's run
+        for run in train_runs(repo):
+            if run.info.status != "FINISHED":
+                store(repo).delete_run(run.info.run_id)
+
+    once_more_if_heap_crash(lambda: run_cli(*args, cwd=repo), tidy)
     base_run, cadence = train_runs(repo)
     profiled = cadence
     assert base_run.info.run_id == base.info.run_id

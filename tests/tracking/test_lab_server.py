@@ -24,7 +24,7 @@ from unittest import mock
 
 import pytest
 
-from helpers import BIN, REPO, copy_repo, free_port, tiny_params, training_pipeline
+from helpers import BIN, REPO, copy_repo, free_port, once_more_if_heap_crash, tiny_params, training_pipeline
 from services import SERVER_SCRIPT, s3_server, serve, server_script_env
 
 # one worker builds the lab (a server, a store, two clones: ~2 min) for all four tests, not one per worker
@@ -88,7 +88,7 @@ def lab(tmp_path_factory) -> Iterator[Lab]:
         script = clone / SERVER_SCRIPT.relative_to(REPO)
         with serve([str(script)], port, server_dir / "server.log", env=env) as server:
             (clone / ".scalelab.local.yaml").write_text(f"tracking_uri: {server.url}\n")
-            run([str(BIN / "dvc"), "repro"], clone, clean_env(**USER_ENV))
+            once_more_if_heap_crash(lambda: run([str(BIN / "dvc"), "repro"], clone, clean_env(**USER_ENV)))
             run([str(BIN / "dvc"), "push"], clone, clean_env())  # the store's credentials: .dvc/config.local
             run([*GIT, "add", "-A"], clone, clean_env())
             run([*GIT, "commit", "-qm", "dvc.lock of the lab's run"], clone, clean_env())
