@@ -1,6 +1,8 @@
-"""The SLURM pre-flight: each refusal the README lists, before anything is submitted."""
+"""The SLURM pre-flight: each refusal the README lists, before anything is submitted; and the rendezvous
+port a SLURM task exports."""
 
 import dataclasses
+import os
 
 import pytest
 
@@ -84,3 +86,31 @@ def test_an_unreachable_store_is_named_where_it_was_set(tmp_path, monkeypatch, w
     with pytest.raises(ConfigError) as exc:
         slurm.preflight(params(tmp_path), PROFILE, uri)
     assert named in str(exc.value)
+
+
+def test_a_jobs_rendezvous_port_is_below_the_ephemeral_ports_and_apart_from_its_neighbours():
+    low = 32768  # Linux's default ip_local_port_range starts here; submitit drew job 22's port, 49908, above it
+    ports = [slurm.rendezvous_port(job_id) for job_id in range(1, 5001)]
+    assert all(1024 <= port < low for port in ports) and len(set(ports)) == len(ports)
+    assert slurm.rendezvous_port(22) == slurm.rendezvous_port(22)  # every task of a job agrees
+
+
+TASK_ENV = {"SLURM_JOB_ID": "22", "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "1"}
+TASK_ENV |= {"SLURM_JOB_NODELIST": "n[0-1]", "SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SUBMITIT_EXECUTOR": "slurm"}
+EXPORTED = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
+@pytest.mark.parametrize("submitted_from_torchrun", [False, True])
+def test_a_slurm_task_exports_its_ranks_and_the_jobs_port(monkeypatch, submitted_from_torchrun):
+    for key in EXPORTED:  # export_rank_env sets them: put back as they were
+        monkeypatch.delenv(key, raising=False)
+    for key, value in TASK_ENV.items():
+        monkeypatch.setenv(key, value)
+    if submitted_from_torchrun:  # sbatch passes the submitting shell's on: the task's own replace them
+        for key, value in {"MASTER_ADDR": "elsewhere", "MASTER_PORT": "29500", "RANK": "3", "WORLD_SIZE": "4"}.items():
+            monkeypatch.setenv(key, value)
+    slurm.export_rank_env()
+    assert {k: os.environ[k] for k in EXPORTED} == {
+        "MASTER_ADDR": "n0", "MASTER_PORT": str(slurm.rendezvous_port(22)),
+        "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+    }  # fmt: skip

@@ -26,6 +26,10 @@ from scalelab.tracking.secrets import mask_uri
 
 PROFILES = Path("slurm/profiles")
 NCCL_SIGNALS = {"USR1"}  # NCCL installs a SIGUSR1 handler of its own
+# Where rank 0 listens for its job's rendezvous (MASTER_PORT): below Linux's ephemeral ports (32768-60999,
+# /proc/sys/net/ipv4/ip_local_port_range), which any outgoing connection on the node may hold. submitit's own
+# choice, a port in 20000-60000 drawn from the job id, fell on one in use there (EADDRINUSE, job 22, port 49908).
+PORTS = range(20000, 32768)
 
 
 @dataclass(**FROZEN)
@@ -191,6 +195,22 @@ def refused(exc: BaseException) -> SubmitError:
         where = os.environ.get("SLURM_CONF") or "unset"
         last = f"no SLURM configuration was found (SLURM_CONF: {where}; set it, or submit from a login node): {last}"
     return SubmitError(f"sbatch refused the job: {last}")
+
+
+def rendezvous_port(job_id: int) -> int:
+    """Rank 0's port for SLURM job `job_id` (every task of the job computes the same one): by the id's
+    remainder, so jobs whose ids are near (those that run at once, an array's elements) never share one."""
+    return PORTS[job_id % len(PORTS)]
+
+
+def export_rank_env() -> None:
+    """In a SLURM task: RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT for torch.distributed
+    (submitit's TorchDistributedEnvironment), MASTER_PORT from `rendezvous_port`. They replace any that
+    sbatch passed on from the submitting shell (a torchrun's there belong to another job)."""
+    import submitit
+
+    os.environ["MASTER_PORT"] = str(rendezvous_port(int(os.environ["SLURM_JOB_ID"])))
+    submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
 
 
 def submit(ex: Any, fn: Any) -> Any:

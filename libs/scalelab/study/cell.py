@@ -286,9 +286,9 @@ class CellJob:
         self.kind, self.spec = kind, spec
 
     def __call__(self) -> dict[str, Any]:
-        import submitit
+        from scalelab.launch import slurm
 
-        submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+        slurm.export_rank_env()
         result = measure(self.kind, self.spec)
         result.pop("is_main")
         return result

@@ -252,11 +252,12 @@ class SearchJob:
     def __call__(self) -> int:
         import submitit
 
+        from scalelab.launch import slurm
         from scalelab.runtime.signals import StopFlag, wait_for_requeue
         from scalelab.training import evaluation, job
         from scalelab.training.plan import read_resolved
 
-        submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+        slurm.export_rank_env()
         os.environ["SUBMITIT_FOLDER"] = str(submitit.JobEnvironment().paths.folder)
         requeue = signal.getsignal(signal.SIGUSR2)
         # USR2: preempted (checkpoint, requeue, resume the trial); SIGTERM: cancelled (scancel, which

@@ -233,7 +233,7 @@ class TrainJob:
         import submitit
 
         # cuda devices: one task per GPU, picked by LOCAL_RANK in runtime.device.setup_process
-        submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+        slurm.export_rank_env()
         # submitit's folder with %j resolved, for the provenance tag launch.submitit_folder
         os.environ["SUBMITIT_FOLDER"] = str(submitit.JobEnvironment().paths.folder)
         requeue = signal.getsignal(signal.SIGUSR2)  # submitit's: checkpoint() + scontrol requeue
