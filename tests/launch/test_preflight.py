@@ -102,8 +102,9 @@ EXPORTED = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "L
 
 @pytest.mark.parametrize("submitted_from_torchrun", [False, True])
 def test_a_slurm_task_exports_its_ranks_and_the_jobs_port(monkeypatch, submitted_from_torchrun):
-    for key in EXPORTED:  # export_rank_env sets them: put back as they were
-        monkeypatch.delenv(key, raising=False)
+    for key in EXPORTED:  # export_rank_env sets them: setenv first, so that undo removes them again
+        monkeypatch.setenv(key, "unset")
+        monkeypatch.delenv(key)
     for key, value in TASK_ENV.items():
         monkeypatch.setenv(key, value)
     if submitted_from_torchrun:  # sbatch passes the submitting shell's on: the task's own replace them
