@@ -92,7 +92,6 @@ def test_a_jobs_rendezvous_port_is_below_the_ephemeral_ports_and_apart_from_its_
     low = 32768  # Linux's default ip_local_port_range starts here; submitit drew job 22's port, 49908, above it
     ports = [slurm.rendezvous_port(job_id) for job_id in range(1, 5001)]
     assert all(1024 <= port < low for port in ports) and len(set(ports)) == len(ports)
-    assert slurm.rendezvous_port(22) == slurm.rendezvous_port(22)  # every task of a job agrees
 
 
 TASK_ENV = {"SLURM_JOB_ID": "22", "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "1"}
