@@ -146,7 +146,8 @@ def check_file(root: Path, entry: dict[str, Any], *, full: bool = False) -> str 
     except (ValueError, OSError) as exc:
         return f"{path} is corrupt: its .npy header cannot be read ({exc})"
     if dtype.str != entry["dtype"] or list(shape) != entry["shape"]:
-        return f"{path} is corrupt: its header says {dtype.str} {list(shape)}, the manifest {entry['dtype']} {entry['shape']}"
+        said = f"{entry['dtype']} {entry['shape']}"
+        return f"{path} is corrupt: its header says {dtype.str} {list(shape)}, the manifest {said}"
     if full or size < FULL_CHECK_BELOW_BYTES:
         if file_digests(path, "sha256")[0] != entry["sha256"]:
             return f"{path} is corrupt: its sha256 does not match the manifest"

@@ -26,7 +26,7 @@ import numpy as np
 from scalelab.config import ConfigError, DataConfig, to_dict
 from scalelab.data import jsonl, text
 from scalelab.data.arrays import NpyWriter, file_entry
-from scalelab.data.features import FeatureSource, feature_source
+from scalelab.data.features import feature_source
 from scalelab.data.split import SPLITS, TRAIN, Splitter, split_sizes
 from scalelab.data.store import FORMAT, MANIFEST
 from scalelab.runtime.io import atomic_write_json
