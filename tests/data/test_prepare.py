@@ -2,15 +2,17 @@
 corrupt files; a failed prepare leaves the data it found complete."""
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from scalelab.config import ConfigError, DataConfig, build
+from scalelab.data import features, store
 from scalelab.data import prepare as data
 from scalelab.data import split as splitting
-from scalelab.data import store
 
 
 def test_digits_split_and_manifest(tmp_path):
@@ -23,11 +25,27 @@ def test_digits_split_and_manifest(tmp_path):
     assert len(train) == 1258 and x.shape == (3, 1, 8, 8) and x.dtype.is_floating_point and y.dtype.is_signed
     assert isinstance(train.arrays["x"], np.memmap)  # mapped, not loaded
     assert manifest["params"]["source"] == "digits" and manifest["kind"] == "features"
-    from sklearn.datasets import load_digits  # every sample once, in one split
+    from sklearn.datasets import load_digits  # every sample once, in one split, with its label
 
-    got = np.concatenate([np.load(tmp_path / f"{s}.x.npy") for s in ("train", "val", "test")]).reshape(-1, 64)
-    want = load_digits().images.reshape(-1, 64).astype(np.float32) / 16
-    assert sorted(map(bytes, got)) == sorted(map(bytes, want))
+    splits = ("train", "val", "test")
+    got = np.concatenate([np.load(tmp_path / f"{s}.x.npy") for s in splits]).reshape(-1, 64)
+    labels = np.concatenate([np.load(tmp_path / f"{s}.y.npy") for s in splits])
+    digits = load_digits()
+    want = (digits.images.reshape(-1, 64) / 16).astype(np.float32)
+    pairs = lambda xs, ys: sorted(bytes(x) + int(y).to_bytes(1, "little") for x, y in zip(xs, ys))  # noqa: E731
+    assert pairs(got, labels) == pairs(want, digits.target)
+
+
+@pytest.mark.integration  # a fresh interpreter: this one may have imported scikit-learn already
+def test_digits_are_read_from_scikit_learns_file_without_importing_it():
+    from sklearn.datasets import load_digits
+
+    images, target = features.digits_arrays()
+    digits = load_digits()
+    assert np.array_equal(images, digits.images) and np.array_equal(target, digits.target)
+    code = "import sys; from scalelab.data.features import digits_arrays; digits_arrays(); print(sorted(sys.modules))"
+    modules = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "'sklearn'" not in modules and "'scalelab.data.features'" in modules
 
 
 def test_split_sizes_are_exact_and_the_labels_seeded_and_independent_of_chunking():
