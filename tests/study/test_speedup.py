@@ -37,8 +37,8 @@ def cell_result(folder, name):
     return json.loads(path.read_text())
 
 
-def study(workdir, **speedup):
-    write_params(workdir / "params.yaml", tiny_params(speedup={**TINY, **speedup}))
+def study(workdir, tracking=True, **speedup):
+    write_params(workdir / "params.yaml", tiny_params(speedup={**TINY, **speedup}, tracking={"enabled": tracking}))
     return run_cli("speedup", "--out", "results/speedup", cwd=workdir)
 
 
@@ -111,13 +111,15 @@ def test_study_outputs_and_mlflow(workdir):
 
 
 def test_changing_one_cell_reruns_only_that_cell(workdir):
-    # three cells in waves of two warm cells (speedup.max_warm_cells), then the new cell alone
-    first = study(workdir, device="cpu", world_sizes=[1], strategies=["single", "ddp"], max_warm_cells=2)
+    # three cells in waves of two warm cells (speedup.max_warm_cells), then the new cell alone; the
+    # cache is the study's own, not MLflow's (MLflow: test_study_outputs_and_mlflow)
+    cells = {"device": "cpu", "strategies": ["single", "ddp"], "tracking": False}
+    first = study(workdir, world_sizes=[1], max_warm_cells=2, **cells)
     rounds = [line.split("round ")[1] for line in first.stderr.splitlines() if "round " in line]
     assert rounds[:2] == ["1: single-t1, single-t2", "2: single-t2, single-t1"], rounds
     assert "1: ddp-w1" in rounds, rounds
     kept = kept_its_cells(pd.read_csv(workdir / "results/speedup/speedup.csv"))  # else all are measured again
-    second = study(workdir, device="cpu", world_sizes=[1, 2], strategies=["single", "ddp"])
+    second = study(workdir, world_sizes=[1, 2], **cells)
     measured = [line.split("measuring ")[1].split()[0] for line in second.stderr.splitlines() if "measuring " in line]
     if kept:  # only the changed cell (and its allreduce model) measured again
         assert measured == ["ddp-w2", "ddp-w2.allreduce"], measured
@@ -132,6 +134,7 @@ def test_dvc_repro_speedup_and_plots(repo_copy):
     params = yaml.safe_load((repo_copy / "params.yaml").read_text())
     # fsdp's cells: test_study_outputs_and_mlflow; a busy machine keeps every repeat here
     params["speedup"].update(TINY, strategies=["single", "ddp"], max_others_cpu_share=1.0)
+    params["tracking"]["enabled"] = False  # DVC's metrics and plots; MLflow: test_study_outputs_and_mlflow
     write_params(repo_copy / "params.yaml", params)
     run_cli("dvc", "repro", "speedup", cwd=repo_copy)
     written = json.loads((repo_copy / "results/speedup/speedup.json").read_text())
