@@ -96,3 +96,15 @@ def test_a_shared_folder_is_a_store_too(tmp_path):
     proc = scalelab_store(repo, "set", str(shared))
     assert proc.returncode == 0, proc.stderr
     assert configured(repo).url == str(shared)
+
+
+def test_new_credentials_never_read_as_an_option_on_a_command_line():
+    # ci20 failed `dvc remote modify --local store secret_access_key -9fH1...`: a URL-safe token
+    # starts with "-" one time in 64; in 2,000 draws that would be all but certain
+    from scalelab.storage.server import new_credentials
+
+    drawn = [new_credentials() for _ in range(2000)]
+    assert len({secret for _, secret in drawn}) == 2000
+    for key, secret in drawn:
+        assert key.startswith("scalelab-") and len(secret) == 40
+        assert set(secret) <= set("0123456789abcdef"), secret

@@ -62,6 +62,13 @@ def rclone() -> str:
     return found
 
 
+def new_credentials() -> tuple[str, str]:
+    """A fresh access key id and a 160-bit secret, both in hex: a value that starts with "-" (a
+    URL-safe token does one time in 64) reads as an option to the command lines users paste
+    it into (`dvc remote modify ... secret_access_key`, `aws configure set`)."""
+    return "scalelab-" + secrets.token_hex(6), secrets.token_hex(20)
+
+
 def start(
     base: str | os.PathLike = DEFAULT_BASE,
     port: int = DEFAULT_PORT,
@@ -76,7 +83,7 @@ def start(
     os.chmod(base, 0o700)
     if in_use(port):
         raise StoreError(f"127.0.0.1:{port} is in use: stop what listens there (make store-stop) or pick another port")
-    key, secret = credentials or ("scalelab-" + secrets.token_hex(6), secrets.token_urlsafe(30))
+    key, secret = credentials or new_credentials()
     cmd = [rclone(), "serve", "s3", str(base / "data"), "--addr", f"127.0.0.1:{port}", "--config", "/dev/null"]
     cmd += ["--auth-key", f"{key},{secret}"]  # rclone reads no key from the environment: ps shows it to root only
     with open(base / "server.log", "ab") as out:
