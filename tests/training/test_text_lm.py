@@ -1,5 +1,6 @@
 """The GPT workload on real text: the CPython standard library's own .py files (text that ships with
-every Python and that nobody here wrote), byte tokens, through `dvc repro` and `scalelab reproduce`;
+every Python and that nobody here wrote), byte tokens, through `dvc repro` (a gpt run's `scalelab
+reproduce`, bits per byte compared: the README's gpt command, tests/reproduce/test_readme_experiments.py);
 and a stop mid-epoch on token data resumes bitwise."""
 
 import json
@@ -67,7 +68,7 @@ def test_stop_mid_epoch_then_resume_on_text_is_bitwise_identical(workdir):
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_gpt_learns_the_standard_library_through_dvc_repro_and_reproduce_matches(repo_copy):
+def test_gpt_learns_the_standard_library_through_dvc_repro(repo_copy):
     files = copy_stdlib(repo_copy / "data/raw/stdlib", "[m-p]*.py")  # 30 files, 0.97 MB on 3.11
     assert sum(p.stat().st_size for p in files) > 500_000
     params = tiny_params(
@@ -118,11 +119,3 @@ def test_gpt_learns_the_standard_library_through_dvc_repro_and_reproduce_matches
         for seed in (1, 1, 2)
     ]
     assert sampled[0].stdout == sampled[1].stdout != sampled[2].stdout and sampled[0].stdout.startswith("def ")
-
-    rep = run_cli("reproduce", run_id, cwd=repo_copy, check=False, timeout=1800)
-    print(rep.stdout)
-    assert rep.returncode == 0 and "RESULT: match" in rep.stdout, rep.stdout + rep.stderr[-3000:]
-    rows = {line.split("  ")[0]: line for line in rep.stdout.splitlines()}
-    for metric in ("val_bits_per_byte", "bits_per_byte", "perplexity", "train_loss"):
-        row = next(v for k, v in rows.items() if k.startswith(f"metric {metric} "))
-        assert row.endswith("match"), row
