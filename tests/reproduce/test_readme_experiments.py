@@ -105,7 +105,7 @@ def run_group(tmp_path: Path, commands: list[list[str]], stack: contextlib.ExitS
 
     client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
     if commands != QUEUED:  # each in the workspace, reproduced while the workspace holds its data
-        for args in commands:  # the train stage as the target: evaluate and the study make no training run
+        for args in commands:  # to train (gpt: evaluate, which it configures); the study makes no training run
             subprocess.run(["git", "checkout", "--", "params.yaml", "dvc.lock"], cwd=repo, check=True)
             run_cli("dvc", "exp", "run", *args, "evaluate" if commands == CORPUS else "train", cwd=repo, timeout=900)
             reproduces(repo, client, json.loads((repo / "results/train/run.json").read_text())["run_id"], args)

@@ -123,19 +123,11 @@ def test_activation_checkpointing_lowers_the_measured_memory_per_rank_on_gpt(wor
     # embeddings' and the head's activations, one block's recompute, DDP's buckets) keeps the saving
     # near a third in one process (339 -> 230 MiB); on 2 DDP ranks 381 -> 307 MiB quiet, 409 -> 358
     # MiB under CI's load (resident-size peaks move with the allocator): checked at 5% or more
+    # one timed step: the peak is reached by the warm-up step (the peak is measured from the build on)
     out, frame = study(
-        workdir,
-        workload="gpt",
-        model=GPT,
-        strategies=["ddp"],
-        world_sizes=[2],
-        batch_sizes=[16],
-        precisions=["fp32"],
-        compile=[False],
-        activation_checkpointing=[False, True],
-        timed_steps=1,  # one timed step: the peak is reached by the warm-up step (measured from the build on)
-        repeats=1,
-    )
+        workdir, workload="gpt", model=GPT, strategies=["ddp"], world_sizes=[2], batch_sizes=[16],
+        precisions=["fp32"], compile=[False], activation_checkpointing=[False, True], timed_steps=1, repeats=1,
+    )  # fmt: skip
     assert list(frame.index) == ["ddp-w2", "ddp-w2-ac"] and (frame.status == "ok").all(), frame.reason.to_dict()
     on, off = (float(frame.loc[n, "peak_mem_bytes_per_rank"]) for n in ("ddp-w2-ac", "ddp-w2"))
     print(f"peak memory per rank: {off / 2**20:.1f} MiB without, {on / 2**20:.1f} MiB with checkpointing")
